@@ -1,0 +1,3 @@
+from whale_lab.cli import main
+
+raise SystemExit(main())
