@@ -1,0 +1,134 @@
+"""`whale-lab`: a thin command line over the engine. With no subcommand it opens the TUI."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from whale_lab.config import Config, ConfigError, find_default_config, load_config
+
+
+def _add_common(p: argparse.ArgumentParser, *, top: bool = False) -> None:
+    # Subcommands repeat the options with SUPPRESS defaults so that a value given before the
+    # subcommand is not overwritten by the subparser's default.
+    p.add_argument("--config", "-c", default=None if top else argparse.SUPPRESS,
+                   help="path to whale.toml (default: ./whale.toml, else the project's)")
+    p.add_argument("--set", dest="overrides", action="append",
+                   default=[] if top else argparse.SUPPRESS, metavar="KEY=VALUE",
+                   help="override one config key, e.g. --set domain.name=chess (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="whale-lab",
+        description="A terminal lab for jointly optimising an LLM agent's weights and its harness.",
+    )
+    _add_common(parser, top=True)
+    sub = parser.add_subparsers(dest="command")
+
+    p = sub.add_parser("tui", help="open the app (the default), optionally on an existing run")
+    _add_common(p)
+    p.add_argument("--run", default=None, help="run folder to open or resume")
+
+    p = sub.add_parser("eval", help="score a harness on a split: mean@k, pass@k and diagnostics")
+    _add_common(p)
+    p.add_argument("--domain", choices=["math", "search", "chess"], default=None)
+    p.add_argument("--harness", default=None, help="harness file (default: harnesses/<domain>/h0.py)")
+    p.add_argument("--split", choices=["weight", "harness", "val", "test"], default="val")
+    p.add_argument("--k", type=int, default=None, help="samples per task (default: sampling.k)")
+    p.add_argument("--limit", type=int, default=None, help="only the first N tasks of the split")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    p = sub.add_parser("train", help="weight-only RSFT under one fixed harness (resumable)")
+    _add_common(p)
+    p.add_argument("--domain", choices=["math", "search", "chess"], default=None)
+    p.add_argument("--harness", default=None)
+    p.add_argument("--resume", default=None, metavar="RUN_DIR", help="resume a killed train run")
+
+    p = sub.add_parser("search", help="harness-only Meta-Harness search on fixed weights (resumable)")
+    _add_common(p)
+    p.add_argument("--domain", choices=["math", "search", "chess"], default=None)
+    p.add_argument("--harness", default=None, help="incoming harness (default: h0)")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR", help="resume a killed search run")
+
+    return parser
+
+
+def _load(args: argparse.Namespace) -> Config:
+    path = args.config
+    if path is None:
+        found = find_default_config()
+        path = str(found) if found else None
+    overrides = list(args.overrides)
+    domain = getattr(args, "domain", None)
+    if domain:
+        overrides.append(f"domain.name={domain!r}".replace("'", '"'))
+    harness = getattr(args, "harness", None)
+    if harness:
+        overrides.append(f'domain.harness="{Path(harness)}"')
+    return load_config(path, overrides)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    command = args.command or "tui"
+    if command == "eval":
+        from whale_lab.evaluate import run_eval
+
+        return run_eval(cfg, harness=args.harness, split=args.split, k=args.k, as_json=args.json,
+                        limit=args.limit)
+    if command == "train":
+        from whale_lab.weights.train_cli import run_train
+
+        return run_train(cfg, run_dir=args.resume, resume=args.resume is not None)
+    if command == "search":
+        from whale_lab.search.search_cli import run_search
+
+        return run_search(cfg, run_dir=args.resume, resume=args.resume is not None)
+    if command == "tui":
+        from whale_lab.tui.app import run_tui
+
+        return run_tui(cfg, run_dir=getattr(args, "run", None))
+    raise AssertionError(command)  # pragma: no cover
+
+
+def _user_error_types() -> tuple[type[BaseException], ...]:
+    """Errors caused by a user's input or environment: printed as one line, no traceback."""
+    from whale_lab.backends.base import BackendError
+
+    types: list[type[BaseException]] = [ConfigError, BackendError, FileNotFoundError]
+    try:
+        from whale_lab.harness import HarnessLoadError
+
+        types.append(HarnessLoadError)
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        from whale_lab.domains.errors import DataError
+
+        types.append(DataError)
+    except ImportError:
+        pass
+    return tuple(types)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return _dispatch(args)
+    except KeyboardInterrupt:
+        print("whale-lab: interrupted", file=sys.stderr)
+        return 130
+    except _user_error_types() as exc:
+        print(f"whale-lab: error: {exc}", file=sys.stderr)
+        if os.environ.get("WHALE_LAB_DEBUG"):
+            raise
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

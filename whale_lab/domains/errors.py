@@ -1,0 +1,7 @@
+"""Errors in a user's data files: always name the file, the line and what is wrong."""
+
+from __future__ import annotations
+
+
+class DataError(ValueError):
+    """A malformed data source (file, row, server answer), phrased for the user."""

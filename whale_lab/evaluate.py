@@ -1,0 +1,194 @@
+"""Scoring a harness under the current weights: used by `whale-lab eval`, RSFT evaluation and search."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from whale_lab import metrics
+from whale_lab.backends.base import Backend, SamplingParams
+from whale_lab.config import Config, SandboxConfig
+from whale_lab.domains.base import Domain, Task
+from whale_lab.trace import EpisodeTrace
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class EvalReport:
+    mean_at_k: float
+    pass_at_k: float
+    success_rate: float
+    mean_turns: float
+    tokens: int
+    rollouts: int
+    k: int
+    n_tasks: int
+    diagnostics: dict[str, float] = field(default_factory=dict)
+    traces: list[EpisodeTrace] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "mean_at_k": self.mean_at_k, "pass_at_k": self.pass_at_k,
+            "success_rate": self.success_rate, "mean_turns": self.mean_turns,
+            "tokens": self.tokens, "rollouts": self.rollouts, "k": self.k,
+            "n_tasks": self.n_tasks, "seconds": round(self.seconds, 3),
+            "diagnostics": self.diagnostics,
+        }
+
+
+def sampling_params(cfg: Config, seed: int | None = None) -> SamplingParams:
+    s = cfg.sampling
+    return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                          max_new_tokens=s.max_new_tokens, seed=seed)
+
+
+def default_harness_path(cfg: Config) -> Path:
+    if cfg.domain.harness:
+        return Path(cfg.domain.harness)
+    return REPO_ROOT / "harnesses" / cfg.domain.name / "h0.py"
+
+
+def score_harness(
+    domain: Domain,
+    harness_path: str | Path,
+    tasks: Sequence[Task],
+    k: int,
+    backend: Backend,
+    params: SamplingParams,
+    *,
+    sandbox: SandboxConfig | None = None,
+    max_context_tokens: int = 2048,
+    batch_episodes: int = 256,
+    on_episode: Callable[[EpisodeTrace], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    host: Any = None,
+) -> EvalReport:
+    """k rollouts per task under one harness; the harness host is started here unless given.
+
+    Episodes run in waves of `batch_episodes` (task x sample pairs) so that memory stays bounded;
+    within a wave every turn is one batched generation.
+    """
+    from whale_lab.harness import HarnessHost
+    from whale_lab.rollout import run_episodes
+
+    t0 = time.perf_counter()
+    jobs = [(task, s) for task in tasks for s in range(k)]
+    own_host = host is None
+    if own_host:
+        host = HarnessHost(harness_path, domain.name, sandbox or SandboxConfig())
+    traces: list[EpisodeTrace] = []
+    try:
+        for start in range(0, len(jobs), batch_episodes):
+            if should_stop is not None and should_stop():
+                break
+            wave = jobs[start:start + batch_episodes]
+            traces.extend(run_episodes(wave, domain, host, backend, params,
+                                       max_context_tokens=max_context_tokens,
+                                       on_episode=on_episode, should_stop=should_stop))
+    finally:
+        if own_host:
+            host.close()
+    diag = metrics.diagnostics(traces)
+    return EvalReport(
+        mean_at_k=metrics.mean_at_k(traces),
+        pass_at_k=metrics.pass_at_k(traces, k),
+        success_rate=metrics.success_rate(traces),
+        mean_turns=diag.get("mean_turns", 0.0),
+        tokens=sum(t.prompt_tokens + t.completion_tokens for t in traces),
+        rollouts=len(traces),
+        k=k,
+        n_tasks=len({t.task_id for t in traces}),
+        diagnostics=diag,
+        traces=traces,
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def run_eval(cfg: Config, *, harness: str | None, split: str, k: int | None, as_json: bool,
+             limit: int | None = None, progress: bool = True) -> int:
+    """`whale-lab eval`: score a harness on a split, print mean@k/pass@k/diagnostics, keep traces."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from whale_lab.backends import make_backend
+    from whale_lab.domains import make_domain
+    from whale_lab.quiet import quiet_libraries
+    from whale_lab.store import RunStore, atomic_write_json
+
+    quiet_libraries()
+    console = Console(stderr=True)
+    k = k or cfg.sampling.k
+    harness_path = Path(harness) if harness else default_harness_path(cfg)
+    if not harness_path.exists():
+        console.print(f"[red]error:[/] harness file {harness_path} not found")
+        return 2
+    domain = make_domain(cfg)
+    tasks = domain.tasks(split)  # type: ignore[arg-type]
+    if limit:
+        tasks = tasks[:limit]
+    backend = make_backend(cfg)
+    store = RunStore.create(cfg.run.directory, f"eval-{cfg.domain.name}-{split}")
+    writer = store.trace_writer(f"eval-{split}")
+    total = len(tasks) * k
+    show = progress and not as_json and sys.stderr.isatty()
+    bar = Progress(TextColumn("[bold]eval[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), console=console, disable=not show, transient=True)
+    with bar:
+        job = bar.add_task(f"{cfg.domain.name}/{split}", total=total)
+
+        def on_episode(trace: EpisodeTrace) -> None:
+            writer.append(trace.to_dict())
+            bar.advance(job)
+
+        try:
+            report = score_harness(domain, harness_path, tasks, k, backend, sampling_params(cfg, cfg.run.seed),
+                                   sandbox=cfg.harness_search.sandbox,
+                                   max_context_tokens=cfg.model.max_context_tokens,
+                                   batch_episodes=max(cfg.sampling.batch_size, 1) * 4,
+                                   on_episode=on_episode)
+        finally:
+            backend.close()
+            domain.close()
+    result = {"domain": cfg.domain.name, "split": split, "harness": str(harness_path),
+              "model": cfg.model.path, "run_dir": str(store.root), **report.summary()}
+    atomic_write_json(store.root / "eval.json", result)
+    store.close()
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return 0
+    _print_report(result)
+    return 0
+
+
+def _print_report(result: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(
+        f"[bold]{result['domain']}[/] / {result['split']}  harness {result['harness']}  "
+        f"model {result['model']}"
+    )
+    console.print(
+        f"mean@{result['k']} [bold]{result['mean_at_k']:.3f}[/]   pass@{result['k']} "
+        f"{result['pass_at_k']:.3f}   tasks {result['n_tasks']}   rollouts {result['rollouts']}   "
+        f"mean turns {result['mean_turns']:.2f}   {result['seconds']:.1f}s"
+    )
+    table = Table(title="where failures come from", show_header=True)
+    table.add_column("diagnostic")
+    table.add_column("value", justify="right")
+    for key, label in metrics.FAILURE_LABELS.items():
+        if key in result["diagnostics"]:
+            table.add_row(label, f"{result['diagnostics'][key]:.3f}")
+    for key, value in sorted(result["diagnostics"].items()):
+        if key.startswith("stop_") and key not in metrics.FAILURE_LABELS and value:
+            table.add_row(f"ended: {key[5:]}", f"{value:.3f}")
+    console.print(table)
+    console.print(f"traces: {result['run_dir']}")

@@ -1,0 +1,97 @@
+"""Scores and the diagnostics that say where failures come from."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+
+from whale_lab.trace import EpisodeTrace
+
+
+def _by_task(traces: Iterable[EpisodeTrace]) -> dict[str, list[float]]:
+    groups: dict[str, list[float]] = defaultdict(list)
+    for t in traces:
+        groups[t.task_id].append(float(t.reward))
+    return groups
+
+
+def mean_at_k(traces: Sequence[EpisodeTrace]) -> float:
+    """Per-task mean correctness over its samples, averaged over tasks (the paper's mean@k)."""
+    groups = _by_task(traces)
+    if not groups:
+        return 0.0
+    return sum(sum(v) / len(v) for v in groups.values()) / len(groups)
+
+
+def _pass_at_k_task(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct (Chen et al., 2021)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def pass_at_k(traces: Sequence[EpisodeTrace], k: int | None = None, threshold: float = 0.5) -> float:
+    groups = _by_task(traces)
+    if not groups:
+        return 0.0
+    total = 0.0
+    for rewards in groups.values():
+        n = len(rewards)
+        c = sum(r > threshold for r in rewards)
+        total += _pass_at_k_task(n, c, min(k or n, n))
+    return total / len(groups)
+
+
+def success_rate(traces: Sequence[EpisodeTrace], threshold: float = 0.5) -> float:
+    if not traces:
+        return 0.0
+    return sum(t.reward > threshold for t in traces) / len(traces)
+
+
+def diagnostics(traces: Sequence[EpisodeTrace]) -> dict[str, float]:
+    """Rates per episode (and per turn where that reads better), for eval output and probes."""
+    n = len(traces)
+    if n == 0:
+        return {}
+    turns = sum(t.n_turns for t in traces) or 1
+    stop = defaultdict(int)
+    for t in traces:
+        stop[t.stop_reason] += 1
+    tool_calls = sum(t.tool_calls for t in traces)
+    out: dict[str, float] = {
+        "episodes": float(n),
+        "mean_turns": sum(t.n_turns for t in traces) / n,
+        "mean_tokens": sum(t.prompt_tokens + t.completion_tokens for t in traces) / n,
+        "mean_completion_tokens": sum(t.completion_tokens for t in traces) / n,
+        # per-turn rates
+        "format_failure_rate": sum(t.format_failures for t in traces) / turns,
+        "token_cap_rate": sum(t.token_cap_hits for t in traces) / turns,
+        "tool_error_rate": (sum(t.tool_errors for t in traces) / tool_calls) if tool_calls else 0.0,
+        "tool_calls_per_episode": tool_calls / n,
+        "illegal_move_rate": sum(t.illegal_moves for t in traces) / turns,
+    }
+    for reason in ("answered", "solved", "wrong_move", "format_failure", "illegal_moves",
+                   "turn_cap", "token_cap", "harness_error", "backend_error"):
+        out[f"stop_{reason}"] = stop.get(reason, 0) / n
+    recalls = [t.info["retrieval_recall"] for t in traces if "retrieval_recall" in t.info]
+    if recalls:
+        out["retrieval_recall"] = sum(float(r) for r in recalls) / len(recalls)
+    answered = [t for t in traces if t.stop_reason == "answered"]
+    if answered:
+        out["accuracy_when_answered"] = sum(t.reward > 0.5 for t in answered) / len(answered)
+    return out
+
+
+FAILURE_LABELS = {
+    "format_failure_rate": "format failures (per turn)",
+    "tool_error_rate": "tool errors (per tool call)",
+    "illegal_move_rate": "illegal moves (per turn)",
+    "stop_turn_cap": "turn-cap hits",
+    "token_cap_rate": "token-cap hits (per turn)",
+    "stop_token_cap": "context overflows",
+    "stop_harness_error": "harness crashes",
+    "stop_backend_error": "backend errors",
+    "stop_wrong_move": "wrong moves",
+    "retrieval_recall": "retrieval recall",
+}
