@@ -102,10 +102,10 @@ def run_episodes(
         contexts = [_context(ep, turn, max_turns) for ep in live]
         rendered = harness.render(
             [{"fields": dict(ep.task.fields), "history": ep.history, "context": ctx}
-             for ep, ctx in zip(live, contexts)]
+             for ep, ctx in zip(live, contexts, strict=True)]
         )
         ready: list[tuple[_Live, list[dict[str, str]], dict[str, Any]]] = []
-        for ep, res, ctx in zip(live, rendered, contexts):
+        for ep, res, ctx in zip(live, rendered, contexts, strict=True):
             if not res.ok:
                 ep.finish("harness_error", error=f"render: {res.kind}: {res.error}")
                 close(ep)
@@ -124,10 +124,10 @@ def run_episodes(
 
         # 3. parse replies (one round trip)
         parsed = harness.parse([{"response": g.text, "context": ctx}
-                                for (_, _, ctx), g in zip(ready, gens)])
+                                for (_, _, ctx), g in zip(ready, gens, strict=True)])
 
         # 4. environment transitions, engine-side
-        for (ep, messages, ctx), gen, res in zip(ready, gens, parsed):
+        for (ep, messages, _ctx), gen, res in zip(ready, gens, parsed, strict=True):
             rec = TurnRecord(prompt=messages, response=gen.text, finish_reason=gen.finish_reason,
                              prompt_tokens=gen.prompt_tokens, completion_tokens=gen.completion_tokens)
             ep.trace.turns.append(rec)

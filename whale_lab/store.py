@@ -140,8 +140,13 @@ class RunStore:
             listener(event)
 
     def events(self) -> list[Event]:
+        return self.read_events(self.root)
+
+    @staticmethod
+    def read_events(root: str | Path) -> list[Event]:
+        """Replay a run folder's events without opening it for writing."""
         out = []
-        for rec in read_jsonl(self.root / "events.jsonl"):
+        for rec in read_jsonl(Path(root) / "events.jsonl"):
             ev = event_from_dict(rec)
             if ev is not None:
                 out.append(ev)

@@ -1,0 +1,56 @@
+"""Comparison reports are derived from run folders: val-selected test scores, intervals, plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from whale_lab import events as ev
+from whale_lab.engine.report import mean_ci, summarise_run, write_comparison
+from whale_lab.store import RunStore
+
+
+def _run(tmp: Path, name: str, schedule: str, seed: int, points: list[tuple[float, float]]) -> Path:
+    store = RunStore(tmp / name)
+    store.emit(ev.RunStarted(run_id=name, domain="math", model="micro", schedule=schedule,
+                             harness="h0", config={"run": {"seed": seed}}))
+    for i, (val, test) in enumerate(points):
+        for split, score in (("val", val), ("test", test)):
+            store.emit(ev.EvalResult(split=split, cycle=i, phase="weight", mean_at_k=score,
+                                     pass_at_k=score, k=8, n_tasks=10, checkpoint=f"c{i}",
+                                     weight_rollouts=100 * (i + 1), harness_rollouts=10 * i))
+    store.emit(ev.ProposerUsage(proposer="llm", prompt_tokens=50, completion_tokens=5, cost=0.0,
+                                seconds=1.0))
+    store.emit(ev.RunFinished(status="completed"))
+    store.close()
+    return store.root
+
+
+def test_selection_uses_val_not_test(tmp_path: Path) -> None:
+    root = _run(tmp_path, "a", "whale", 0, [(0.2, 0.5), (0.4, 0.3), (0.4, 0.35)])
+    s = summarise_run(root)
+    # best val is 0.4; the tie goes to the earlier checkpoint, so the reported test score is 0.3
+    assert s.selected_checkpoint == "c1" and s.selected_test == pytest.approx(0.3)
+    assert s.best_test == pytest.approx(0.5)  # the paper's best-on-test figure
+    assert (s.weight_rollouts, s.harness_rollouts, s.proposer_tokens) == (300, 20, 55)
+    assert [p.rollouts for p in s.curve] == [100, 210, 320]
+
+
+def test_mean_ci() -> None:
+    m, h = mean_ci([0.2, 0.4, 0.6])
+    assert m == pytest.approx(0.4)
+    assert h == pytest.approx(4.303 * 0.2 / 3**0.5)
+    assert mean_ci([0.5]) == (0.5, 0.0)
+
+
+def test_comparison_report_files(tmp_path: Path) -> None:
+    runs = [summarise_run(_run(tmp_path, f"{s}{seed}", s, seed, [(0.1 * seed, 0.1 * seed + 0.1)]))
+            for s in ("whale", "weight-only") for seed in (1, 2)]
+    md = write_comparison(tmp_path / "report", runs)
+    text = md.read_text()
+    assert "| whale | 2 |" in text and "| weight-only | 2 |" in text
+    assert "best on test (paper's way)" in text
+    for f in ("accuracy_vs_rollouts.png", "accuracy_vs_rollouts.svg", "results.json"):
+        assert (tmp_path / "report" / f).stat().st_size > 0
+    assert (tmp_path / "report" / "accuracy_vs_rollouts.png").read_bytes()[:4] == b"\x89PNG"

@@ -1,0 +1,80 @@
+"""Each schedule's phase sequence and the adaptive stopping rules at their edges."""
+
+from __future__ import annotations
+
+import pytest
+
+from whale_lab.config import ScheduleConfig
+from whale_lab.engine.schedules import AdaptiveHarnessStop, AdaptiveWeightStop, plan
+
+
+def _kinds(cfg: ScheduleConfig) -> list[tuple[str, int, float]]:
+    return [(p.kind, p.cycle, p.budget) for p in plan(cfg)]
+
+
+def test_whale_alternates_and_ends_after_a_weight_phase() -> None:
+    cfg = ScheduleConfig(kind="whale", cycles=2, weight_epochs=0.6, harness_iterations=6)
+    assert _kinds(cfg) == [("weight", 1, 0.6), ("harness", 1, 6.0), ("weight", 2, 0.6),
+                           ("harness", 2, 6.0), ("weight", 3, 0.6)]
+    assert not any(p.prompt_only for p in plan(cfg))
+
+
+def test_prompt_only_is_whale_with_prompt_only_harness_phases() -> None:
+    phases = plan(ScheduleConfig(kind="prompt-only", cycles=1))
+    assert [p.kind for p in phases] == ["weight", "harness", "weight"]
+    assert [p.prompt_only for p in phases] == [False, True, False]
+
+
+def test_single_component_and_stagewise() -> None:
+    assert _kinds(ScheduleConfig(kind="weight-only", total_weight_epochs=1.5)) == [("weight", 1, 1.5)]
+    assert _kinds(ScheduleConfig(kind="harness-only", total_harness_iterations=9)) == [("harness", 1, 9.0)]
+    assert _kinds(ScheduleConfig(kind="stagewise", total_weight_epochs=1.0, total_harness_iterations=4)) == [
+        ("weight", 1, 1.0), ("harness", 1, 4.0)]
+
+
+def test_adaptive_phases_are_capped_and_flagged() -> None:
+    phases = plan(ScheduleConfig(kind="adaptive", cycles=1, total_weight_epochs=1.0,
+                                 max_harness_iterations=15))
+    assert [p.kind for p in phases] == ["weight", "harness", "weight"]
+    assert all(p.adaptive for p in phases)
+    assert phases[0].budget == pytest.approx(0.5) and phases[1].budget == 15
+
+
+def test_adaptive_weight_rule_waits_for_window_and_patience() -> None:
+    cfg = ScheduleConfig(window_epochs=0.2, patience_epochs=0.2, min_weight_epochs=0.2)
+    rule = AdaptiveWeightStop(steps_per_epoch=10, cfg=cfg)  # window 2, patience 2, min 2
+    assert (rule.window, rule.patience, rule.min_steps) == (2, 2, 2)
+    assert rule.update(0.1) is False  # window not full
+    assert rule.update(0.3) is False  # first full window: new best 0.2
+    assert rule.update(0.5) is False  # 0.4: new best
+    assert rule.update(0.3) is False  # 0.4: ties do not count as a new best -> since_best 1
+    assert rule.update(0.1) is True   # 0.2: since_best 2 == patience
+
+
+def test_adaptive_weight_rule_respects_minimum_length() -> None:
+    cfg = ScheduleConfig(window_epochs=0.1, patience_epochs=0.1, min_weight_epochs=0.5)
+    rule = AdaptiveWeightStop(steps_per_epoch=10, cfg=cfg)  # window 1, patience 1, min 5
+    fired = [rule.update(r) for r in (0.5, 0.4, 0.3, 0.2, 0.1)]
+    assert fired == [False, False, False, False, True]
+
+
+def test_adaptive_weight_rule_resumes_from_state() -> None:
+    cfg = ScheduleConfig(window_epochs=0.2, patience_epochs=0.2, min_weight_epochs=0.2)
+    a = AdaptiveWeightStop(10, cfg)
+    for r in (0.1, 0.3, 0.5):
+        a.update(r)
+    b = AdaptiveWeightStop(10, cfg)
+    b.load_state_dict(a.state_dict())
+    assert [b.update(0.3), b.update(0.1)] == [a.update(0.3), a.update(0.1)] == [False, True]
+
+
+def test_adaptive_harness_rule_minimum_patience_and_cap() -> None:
+    cfg = ScheduleConfig(harness_patience=2, min_harness_iterations=3, max_harness_iterations=5)
+    rule = AdaptiveHarnessStop(cfg)
+    # no improvement after the first, but the minimum holds it to 3 iterations
+    assert [rule.update(s) for s in (0.5, 0.5, 0.5)] == [False, False, True]
+    rule = AdaptiveHarnessStop(cfg)
+    # steady improvement runs into the cap
+    assert [rule.update(s) for s in (0.1, 0.2, 0.3, 0.4, 0.5)] == [False] * 4 + [True]
+    rule = AdaptiveHarnessStop(cfg)
+    assert [rule.update(s) for s in (0.1, 0.2, 0.3, 0.3, 0.3)] == [False, False, False, False, True]

@@ -1,0 +1,194 @@
+"""Reading results back out of run folders: val-selected test scores, curves, comparison reports.
+
+Everything here is derived from `events.jsonl`, so a report can be rebuilt from the runs alone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from whale_lab import events as ev
+from whale_lab.store import RunStore, atomic_write_json, atomic_write_text
+
+# two-sided 95% Student-t quantiles by degrees of freedom (1..10); normal beyond
+_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+        9: 2.262, 10: 2.228}
+
+
+@dataclass
+class CurvePoint:
+    rollouts: int
+    weight_rollouts: int
+    harness_rollouts: int
+    val: float
+    test: float | None
+    checkpoint: str
+    cycle: int
+    phase: str
+
+
+@dataclass
+class RunSummary:
+    run_dir: str
+    domain: str = ""
+    schedule: str = ""
+    seed: int = 0
+    status: str = "unfinished"
+    selected_val: float | None = None
+    selected_test: float | None = None  # test score at the best-on-val checkpoint (reported)
+    best_test: float | None = None  # best test score over all checkpoints (the paper's way)
+    selected_checkpoint: str = ""
+    weight_rollouts: int = 0
+    harness_rollouts: int = 0
+    proposer_tokens: int = 0
+    proposer_cost: float = 0.0
+    curve: list[CurvePoint] = field(default_factory=list)
+
+    @property
+    def rollouts(self) -> int:
+        return self.weight_rollouts + self.harness_rollouts
+
+
+def summarise_run(run_dir: str | Path) -> RunSummary:
+    store_events = RunStore.read_events(run_dir)
+    s = RunSummary(run_dir=str(run_dir))
+    val_by_ckpt: dict[str, ev.EvalResult] = {}
+    test_by_ckpt: dict[str, ev.EvalResult] = {}
+    order: list[str] = []
+    for e in store_events:
+        if isinstance(e, ev.RunStarted):
+            s.domain, s.schedule = e.domain, e.schedule
+            s.seed = int(e.config.get("run", {}).get("seed", 0)) if e.config else 0
+        elif isinstance(e, ev.EvalResult):
+            key = e.checkpoint or f"{e.cycle}-{e.phase}"
+            if e.split == "val":
+                if key not in val_by_ckpt:
+                    order.append(key)
+                val_by_ckpt[key] = e
+            elif e.split == "test":
+                test_by_ckpt[key] = e
+            s.weight_rollouts = max(s.weight_rollouts, e.weight_rollouts)
+            s.harness_rollouts = max(s.harness_rollouts, e.harness_rollouts)
+        elif isinstance(e, ev.PhaseEnded):
+            s.weight_rollouts = max(s.weight_rollouts, e.weight_rollouts)
+            s.harness_rollouts = max(s.harness_rollouts, e.harness_rollouts)
+        elif isinstance(e, ev.ProposerUsage):
+            s.proposer_tokens += e.prompt_tokens + e.completion_tokens
+            s.proposer_cost += e.cost
+        elif isinstance(e, ev.RunFinished):
+            s.status = e.status
+    for key in order:
+        v = val_by_ckpt[key]
+        t = test_by_ckpt.get(key)
+        s.curve.append(CurvePoint(
+            rollouts=v.weight_rollouts + v.harness_rollouts, weight_rollouts=v.weight_rollouts,
+            harness_rollouts=v.harness_rollouts, val=v.mean_at_k,
+            test=t.mean_at_k if t else None, checkpoint=key, cycle=v.cycle, phase=v.phase))
+    if s.curve:
+        # best on val; ties go to the earlier checkpoint (fewer rollouts)
+        best = max(s.curve, key=lambda p: (p.val, -p.rollouts))
+        s.selected_val, s.selected_test, s.selected_checkpoint = best.val, best.test, best.checkpoint
+        tests = [p.test for p in s.curve if p.test is not None]
+        s.best_test = max(tests) if tests else None
+    return s
+
+
+def mean_ci(values: list[float]) -> tuple[float, float]:
+    """Mean and the half-width of a 95% t-interval (0 for a single value)."""
+    if not values:
+        return math.nan, math.nan
+    m = statistics.fmean(values)
+    if len(values) < 2:
+        return m, 0.0
+    sem = statistics.stdev(values) / math.sqrt(len(values))
+    return m, _T95.get(len(values) - 1, 1.96) * sem
+
+
+def _fmt(m: float, h: float) -> str:
+    if math.isnan(m):
+        return "n/a"
+    return f"{100 * m:.2f} ± {100 * h:.2f}" if h else f"{100 * m:.2f}"
+
+
+def write_comparison(report_dir: str | Path, runs: list[RunSummary], *, title: str = "") -> Path:
+    """The paper's main-table layout plus curves, as Markdown, JSON, PNG and SVG."""
+    out = Path(report_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    by_schedule: dict[str, list[RunSummary]] = defaultdict(list)
+    for r in runs:
+        by_schedule[r.schedule].append(r)
+    rows = []
+    for schedule, rs in by_schedule.items():
+        sel = [r.selected_test for r in rs if r.selected_test is not None]
+        best = [r.best_test for r in rs if r.best_test is not None]
+        rows.append({
+            "schedule": schedule, "seeds": len(rs),
+            "test_at_best_val": mean_ci(sel), "best_on_test": mean_ci(best),
+            "weight_rollouts": statistics.fmean([r.weight_rollouts for r in rs]),
+            "harness_rollouts": statistics.fmean([r.harness_rollouts for r in rs]),
+            "proposer_tokens": statistics.fmean([r.proposer_tokens for r in rs]),
+        })
+    rows.sort(key=lambda r: -(r["test_at_best_val"][0] if not math.isnan(r["test_at_best_val"][0]) else -1))
+    domain = runs[0].domain if runs else ""
+    lines = [f"# {title or 'Schedule comparison'}" + (f" ({domain})" if domain else ""), "",
+             "Test mean@k (%) at the checkpoint that is best on val, mean ± 95% t-interval across seeds. "
+             "The best-on-test column is the paper's way of selecting, shown for comparison only.", "",
+             "| schedule | seeds | test @ best val | best on test (paper's way) | weight rollouts | "
+             "harness rollouts | proposer tokens |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['schedule']} | {r['seeds']} | {_fmt(*r['test_at_best_val'])} | "
+                     f"{_fmt(*r['best_on_test'])} | {r['weight_rollouts']:.0f} | "
+                     f"{r['harness_rollouts']:.0f} | {r['proposer_tokens']:.0f} |")
+    lines += ["", "![val mean@k vs rollouts](accuracy_vs_rollouts.svg)", "",
+              "Runs:", ""]
+    lines += [f"- {r.schedule} seed {r.seed}: `{r.run_dir}` ({r.status})" for r in runs]
+    atomic_write_text(out / "summary.md", "\n".join(lines) + "\n")
+    atomic_write_json(out / "results.json", {
+        "rows": [{**r, "test_at_best_val": list(r["test_at_best_val"]),
+                  "best_on_test": list(r["best_on_test"])} for r in rows],
+        "runs": [asdict(r) for r in runs]})
+    _plot(out, runs)
+    return out / "summary.md"
+
+
+def _plot(out: Path, runs: list[RunSummary]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    colors: dict[str, Any] = {}
+    cmap = plt.get_cmap("tab10")
+    for r in runs:
+        if not r.curve:
+            continue
+        color = colors.setdefault(r.schedule, cmap(len(colors) % 10))
+        xs = [p.rollouts for p in r.curve]
+        ys = [100 * p.val for p in r.curve]
+        label = r.schedule if r.schedule not in {line.get_label() for line in ax.get_lines()} else None
+        ax.plot(xs, ys, marker="o", markersize=3, color=color, alpha=0.85, label=label)
+    ax.set_xlabel("rollouts (weight + harness)")
+    ax.set_ylabel("val mean@k (%)")
+    ax.grid(alpha=0.3)
+    if colors:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "accuracy_vs_rollouts.png")
+    fig.savefig(out / "accuracy_vs_rollouts.svg")
+    plt.close(fig)
+
+
+def load_summaries(paths: list[str | Path]) -> list[RunSummary]:
+    return [summarise_run(p) for p in paths]
+
+
+def summary_json(s: RunSummary) -> str:
+    return json.dumps(asdict(s), indent=2)

@@ -1,0 +1,131 @@
+"""Schedules: which phases run, in what order, with what budgets and stopping rules.
+
+A schedule is a list of `PhaseSpec`s fixed at the start (so a resumed run knows where it is);
+the adaptive schedule's phases carry stopping rules that end them early.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Literal
+
+from whale_lab.config import ScheduleConfig
+
+PhaseKind = Literal["weight", "harness"]
+SCHEDULES = ("whale", "adaptive", "weight-only", "harness-only", "stagewise", "prompt-only")
+
+
+@dataclass(frozen=True)
+class PhaseSpec:
+    kind: PhaseKind
+    cycle: int
+    budget: float  # epochs of the weight split, or harness iterations
+    adaptive: bool = False
+    prompt_only: bool = False
+
+    @property
+    def unit(self) -> str:
+        return "epochs" if self.kind == "weight" else "iterations"
+
+
+def plan(cfg: ScheduleConfig) -> list[PhaseSpec]:
+    """The phase sequence. Alternating schedules end after a weight phase, as WHALE does."""
+    kind = cfg.kind
+    if kind == "weight-only":
+        return [PhaseSpec("weight", 1, cfg.total_weight_epochs)]
+    if kind == "harness-only":
+        return [PhaseSpec("harness", 1, float(cfg.total_harness_iterations))]
+    if kind == "stagewise":
+        return [PhaseSpec("weight", 1, cfg.total_weight_epochs),
+                PhaseSpec("harness", 1, float(cfg.total_harness_iterations))]
+    if kind in ("whale", "prompt-only"):
+        prompt_only = kind == "prompt-only"
+        phases: list[PhaseSpec] = []
+        for c in range(1, cfg.cycles + 1):
+            phases.append(PhaseSpec("weight", c, cfg.weight_epochs))
+            phases.append(PhaseSpec("harness", c, float(cfg.harness_iterations), prompt_only=prompt_only))
+        phases.append(PhaseSpec("weight", cfg.cycles + 1, cfg.weight_epochs))
+        return phases
+    if kind == "adaptive":
+        # Budgets are caps; the stopping rules end phases earlier. Total weight budget is shared.
+        per_weight = cfg.total_weight_epochs / (cfg.cycles + 1)
+        phases = []
+        for c in range(1, cfg.cycles + 1):
+            phases.append(PhaseSpec("weight", c, per_weight, adaptive=True))
+            phases.append(PhaseSpec("harness", c, float(cfg.max_harness_iterations), adaptive=True))
+        phases.append(PhaseSpec("weight", cfg.cycles + 1, per_weight, adaptive=True))
+        return phases
+    raise ValueError(f"schedule.kind: unknown schedule {kind!r}")  # config validation prevents this
+
+
+class AdaptiveWeightStop:
+    """End a weight phase once the sliding-window mean training reward stops setting new bests.
+
+    window = minimum length = patience = `window_epochs` of an epoch in the paper; here each has its
+    own key. A new phase-best must beat the old one strictly. The rule can fire only after at least
+    `min_steps` steps and a full window.
+    """
+
+    def __init__(self, steps_per_epoch: int, cfg: ScheduleConfig) -> None:
+        self.window = max(1, math.ceil(cfg.window_epochs * steps_per_epoch))
+        self.patience = max(1, math.ceil(cfg.patience_epochs * steps_per_epoch))
+        self.min_steps = max(self.window, math.ceil(cfg.min_weight_epochs * steps_per_epoch))
+        self._rewards: deque[float] = deque(maxlen=self.window)
+        self.best = -math.inf
+        self.steps = 0
+        self.since_best = 0
+
+    def update(self, train_reward: float) -> bool:
+        """Record one step's training reward; True when the phase should end now."""
+        self.steps += 1
+        self._rewards.append(train_reward)
+        if len(self._rewards) < self.window:
+            return False
+        mean = sum(self._rewards) / len(self._rewards)
+        if mean > self.best:
+            self.best = mean
+            self.since_best = 0
+        else:
+            self.since_best += 1
+        return self.steps >= self.min_steps and self.since_best >= self.patience
+
+    def state_dict(self) -> dict:
+        return {"rewards": list(self._rewards), "best": self.best, "steps": self.steps,
+                "since_best": self.since_best}
+
+    def load_state_dict(self, d: dict) -> None:
+        self._rewards = deque(d["rewards"], maxlen=self.window)
+        self.best, self.steps, self.since_best = d["best"], d["steps"], d["since_best"]
+
+
+class AdaptiveHarnessStop:
+    """End a harness phase after `patience` iterations without a new best harness-split score,
+    never before `min_iterations`, always at `max_iterations`."""
+
+    def __init__(self, cfg: ScheduleConfig) -> None:
+        self.patience = cfg.harness_patience
+        self.min_iterations = cfg.min_harness_iterations
+        self.max_iterations = cfg.max_harness_iterations
+        self.best = -math.inf
+        self.iterations = 0
+        self.since_best = 0
+
+    def update(self, best_score_so_far: float) -> bool:
+        """Record the phase-best score after one iteration; True when the phase should end."""
+        self.iterations += 1
+        if best_score_so_far > self.best:
+            self.best = best_score_so_far
+            self.since_best = 0
+        else:
+            self.since_best += 1
+        if self.iterations >= self.max_iterations:
+            return True
+        return self.iterations >= self.min_iterations and self.since_best >= self.patience
+
+    def state_dict(self) -> dict:
+        return {"best": self.best, "iterations": self.iterations, "since_best": self.since_best}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.best, self.iterations, self.since_best = d["best"], d["iterations"], d["since_best"]
