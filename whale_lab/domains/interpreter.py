@@ -1,0 +1,164 @@
+"""The math domain's `python` tool: run model-written code in a limited child process.
+
+Model code is untrusted and often wrong, so it runs in a fresh interpreter in its own session
+(killed as a group), in an empty temporary folder, with a wall-time limit, an address-space limit
+(RLIMIT_AS), a CPU-time limit, and a file-size limit that also caps how much it can print. The
+engine never waits longer than the wall limit and never holds more output than the cap.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+# Runs inside the child: set limits, then execute the user's code as __main__ with a clean
+# traceback (no frames of this wrapper) and the source visible in it.
+_WRAPPER = r"""
+import linecache, resource, sys, traceback
+mem, cpu, fsize, path = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+if mem > 0:
+    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+with open(path, encoding="utf-8") as fh:
+    src = fh.read()
+name = "<python>"
+linecache.cache[name] = (len(src), None, src.splitlines(True), name)
+sys.argv = [name]
+try:
+    code = compile(src, name, "exec")
+    exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
+except SystemExit:
+    raise
+except BaseException as exc:
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename != name:
+        tb = tb.tb_next
+    try:
+        sys.stdout.flush()
+    except BaseException:
+        pass
+    traceback.print_exception(type(exc), exc, tb)
+    sys.exit(1)
+"""
+
+
+@dataclass(frozen=True)
+class InterpreterLimits:
+    """Resource limits for one run of model code."""
+
+    timeout_s: float = 5.0
+    memory_mb: int = 512
+    max_output_chars: int = 2000
+
+
+@dataclass(frozen=True)
+class PythonResult:
+    stdout: str
+    error: str  # "" when the code ran cleanly; else a short traceback or the limit it hit
+    timed_out: bool = False
+    truncated: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+
+def _read_capped(path: Path, max_chars: int) -> tuple[str, bool]:
+    with open(path, "rb") as fh:
+        data = fh.read(max_chars * 4 + 4)
+    text = data.decode("utf-8", errors="replace")
+    if len(text) > max_chars:
+        return text[:max_chars], True
+    return text, len(data) > max_chars * 4
+
+
+def _tail(text: str, max_chars: int) -> str:
+    text = text.strip()
+    if len(text) <= max_chars:
+        return text
+    return "..." + text[-max_chars:]
+
+
+def run_python(code: str, limits: InterpreterLimits | None = None) -> PythonResult:
+    """Run `code` in a fresh Python with limits; never raises for anything the code does."""
+    limits = limits or InterpreterLimits()
+    max_chars = limits.max_output_chars
+    with tempfile.TemporaryDirectory(prefix="whale-py-", ignore_cleanup_errors=True) as tmp:
+        tmp_path = Path(tmp)
+        src = tmp_path / "main.py"
+        src.write_text(code, encoding="utf-8")
+        out_path, err_path = tmp_path / "stdout", tmp_path / "stderr"
+        mem = limits.memory_mb * 1024 * 1024 if limits.memory_mb > 0 else 0
+        cpu = max(1, int(limits.timeout_s) + 1)
+        fsize = max(4096, max_chars * 4 + 1024)
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": tmp,
+            "LANG": "C.UTF-8",
+            "PYTHONIOENCODING": "utf-8",
+            "PYTHONHASHSEED": "0",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "OMP_NUM_THREADS": "1",
+            "OPENBLAS_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+        }
+        cmd = [sys.executable, "-I", "-c", _WRAPPER, str(mem), str(cpu), str(fsize), str(src)]
+        timed_out = False
+        with open(out_path, "wb") as out_fh, open(err_path, "wb") as err_fh:
+            proc = subprocess.Popen(
+                cmd,
+                cwd=tmp,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out_fh,
+                stderr=err_fh,
+                start_new_session=True,
+            )
+            try:
+                proc.wait(timeout=limits.timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            finally:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                proc.wait()
+        stdout, truncated = _read_capped(out_path, max_chars)
+        stderr, _ = _read_capped(err_path, max_chars)
+
+    if truncated:
+        stdout += f"\n... [output truncated at {max_chars} characters]"
+    rc = proc.returncode
+    if timed_out:
+        error = f"TimeoutError: the code ran longer than {limits.timeout_s:g} s and was stopped"
+    elif rc == 0:
+        error = ""
+    elif rc < 0:
+        sig = -rc
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = str(sig)
+        if sig == signal.SIGXCPU:
+            error = f"TimeoutError: the code used more than {cpu} s of CPU time and was stopped"
+        elif sig == signal.SIGKILL:
+            error = (
+                f"MemoryError: the process was killed (limit {limits.memory_mb} MB)"
+                if not stderr.strip()
+                else _tail(stderr, 800)
+            )
+        else:
+            error = f"the process was killed by signal {name}"
+    else:
+        error = _tail(stderr, 800) or f"the process exited with status {rc}"
+        if "File too large" in error or "EFBIG" in error:
+            error = f"OutputLimit: the code printed more than {max_chars} characters"
+    return PythonResult(stdout=stdout, error=error, timed_out=timed_out, truncated=truncated)
