@@ -8,11 +8,12 @@ The environment (tools, verifier) runs here, in the engine process; harness code
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from whale_lab.backends.base import Backend, Generation, SamplingParams
-from whale_lab.domains.base import Action, Domain, Env, Task
+from whale_lab.domains.base import Action, Domain, Env, StepOutcome, Task
 from whale_lab.trace import EpisodeTrace, TurnRecord
 
 
@@ -127,6 +128,7 @@ def run_episodes(
                                 for (_, _, ctx), g in zip(ready, gens, strict=True)])
 
         # 4. environment transitions, engine-side
+        stepping: list[tuple[_Live, TurnRecord, Action]] = []
         for (ep, messages, _ctx), gen, res in zip(ready, gens, parsed, strict=True):
             rec = TurnRecord(prompt=messages, response=gen.text, finish_reason=gen.finish_reason,
                              prompt_tokens=gen.prompt_tokens, completion_tokens=gen.completion_tokens)
@@ -150,36 +152,66 @@ def run_episodes(
                     ep.finish("format_failure")
                     close(ep)
                     continue
-                feedback = {"type": "feedback", "kind": "format", "detail": action.reason}
-                ep.history.append(feedback)
+                ep.history.append({"type": "feedback", "kind": "format", "detail": action.reason})
                 rec.feedback = {"kind": "format", "detail": action.reason}
+                _check_turn_cap(ep, max_turns, close)
             else:
                 if action.kind == "tool":
                     ep.trace.tool_calls += 1
-                outcome = ep.env.step(action)
-                if outcome.tool_error:
-                    ep.trace.tool_errors += 1
-                if outcome.done:
-                    rec.observation = _json_safe(outcome.observation)
-                    ep.finish(outcome.stop_reason or "answered", reward=float(outcome.reward))
-                    close(ep)
-                    continue
-                if outcome.feedback_kind is not None:
-                    kind = outcome.feedback_kind
-                    if kind == "illegal":
-                        ep.trace.illegal_moves += 1
-                        if ep.trace.illegal_moves > illegal_budget:
-                            ep.finish("illegal_moves")
-                            close(ep)
-                            continue
-                    ep.history.append({"type": "feedback", "kind": kind,
-                                       "detail": outcome.feedback_detail})
-                    rec.feedback = {"kind": kind, "detail": outcome.feedback_detail}
-                else:
-                    obs = _json_safe(outcome.observation)
-                    rec.observation = obs
-                    ep.history.append({"type": "observation", "observation": obs})
-            if len(ep.trace.turns) >= max_turns:
-                ep.finish("turn_cap")
+                stepping.append((ep, rec, action))
+
+        # Tools (a python subprocess, a retrieval request) run concurrently across episodes.
+        outcomes = _step_all([(ep.env, action) for ep, _, action in stepping])
+        for (ep, rec, _action), outcome in zip(stepping, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                raise outcome
+            if outcome.tool_error:
+                ep.trace.tool_errors += 1
+            if outcome.done:
+                rec.observation = _json_safe(outcome.observation)
+                ep.finish(outcome.stop_reason or "answered", reward=float(outcome.reward))
                 close(ep)
+                continue
+            if outcome.feedback_kind is not None:
+                kind = outcome.feedback_kind
+                if kind == "illegal":
+                    ep.trace.illegal_moves += 1
+                    if ep.trace.illegal_moves > illegal_budget:
+                        ep.finish("illegal_moves")
+                        close(ep)
+                        continue
+                ep.history.append({"type": "feedback", "kind": kind,
+                                   "detail": outcome.feedback_detail})
+                rec.feedback = {"kind": kind, "detail": outcome.feedback_detail}
+            else:
+                obs = _json_safe(outcome.observation)
+                rec.observation = obs
+                ep.history.append({"type": "observation", "observation": obs})
+            _check_turn_cap(ep, max_turns, close)
     return [ep.trace for ep in episodes]
+
+
+def _check_turn_cap(ep: _Live, max_turns: int, close: Callable[[_Live], None]) -> None:
+    if not ep.done and len(ep.trace.turns) >= max_turns:
+        ep.finish("turn_cap")
+        close(ep)
+
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _step_all(pairs: list[tuple[Env, Action]]) -> list[StepOutcome | BaseException]:
+    """Step every environment; in threads when there are several, since tools mostly wait."""
+    global _POOL
+    if len(pairs) <= 1:
+        return [_safe_step(env, action) for env, action in pairs]
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="whale-env")
+    return list(_POOL.map(lambda p: _safe_step(*p), pairs))
+
+
+def _safe_step(env: Env, action: Action) -> StepOutcome | BaseException:
+    try:
+        return env.step(action)
+    except BaseException as exc:  # re-raised in the caller's thread, in episode order
+        return exc

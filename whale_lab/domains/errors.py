@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from whale_lab.config import ConfigError
 
-class DataError(ValueError):
+
+class DataError(ConfigError):
     """A malformed data source (file, row, server answer), phrased for the user."""

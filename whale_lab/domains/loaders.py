@@ -15,14 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from whale_lab.config import ConfigError
+from whale_lab.domains.errors import DataError
 from whale_lab.domains.text import extract_boxed
 
 SPLIT_ORDER = ("test", "val", "harness", "weight")
-
-
-class DataError(ConfigError):
-    """A problem with a user's data file: names the file, the line or row, and the fix."""
 
 
 @dataclass(frozen=True)
