@@ -1,0 +1,111 @@
+"""Is a harness file usable? Static check, load in the sandbox, type checks, domain contract, smoke.
+
+Used before a candidate harness is scored (and by `whale-lab` when a user names a harness file), so
+the answer is a `ValidationResult` with a readable reason rather than an exception.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import whale_lab.harness.chess_contract as chess_contract
+from whale_lab.config import SandboxConfig
+from whale_lab.harness.ast_check import check_source
+from whale_lab.harness.host import HarnessHost, HarnessInfo, HarnessLoadError
+
+
+@dataclass(frozen=True)
+class ValidationResult:
+    ok: bool
+    reason: str  # the first problem, "" when ok
+    info: HarnessInfo | None = None
+    problems: tuple[str, ...] = ()
+
+
+def _domain_name(domain: Any) -> str:
+    return domain if isinstance(domain, str) else str(getattr(domain, "name", ""))
+
+
+def _sample_request(domain: Any, max_turns: int) -> dict[str, Any]:
+    """A render request for a smoke call: the domain's first harness task if it can give one."""
+    if not isinstance(domain, str):
+        try:
+            task = domain.tasks("harness")[0]
+            env = domain.make_env(task)
+            context = {**dict(env.context()), "turn_count": 1, "max_turns": max_turns}
+            return {
+                "fields": dict(task.fields),
+                "history": [{"type": "observation", "observation": env.initial_observation()}],
+                "context": context,
+            }
+        except Exception:  # noqa: BLE001 - a domain that cannot sample still gets the generic smoke
+            pass
+    return {
+        "fields": {"question": "What is 2 + 3?"},
+        "history": [
+            {"type": "observation", "observation": None},
+            {"type": "response", "text": "It is five."},
+            {"type": "feedback", "kind": "format", "detail": "Give the final answer."},
+        ],
+        "context": {"turn_count": 2, "max_turns": max_turns},
+    }
+
+
+def _smoke(host: HarnessHost, domain: Any) -> list[str]:
+    path = str(host.path)
+    request = _sample_request(domain, host.info.max_turns)
+    problems = []
+    (rendered,) = host.render([request])
+    if not rendered.ok:
+        problems.append(
+            f"{path}: render failed on a sample task: {rendered.kind}: {rendered.error}"
+        )
+    context: Mapping[str, Any] = request["context"]
+    (parsed,) = host.parse([{"response": "The answer is 5.", "context": context}])
+    if not parsed.ok:
+        problems.append(
+            f"{path}: parse_action failed on a sample reply: {parsed.kind}: {parsed.error}"
+        )
+    return problems
+
+
+def validate_harness(
+    path: str | Path,
+    domain: Any,
+    sandbox: SandboxConfig = SandboxConfig(),  # noqa: B008
+) -> ValidationResult:
+    """AST check, load in the host (constants type-checked there), domain contract, smoke calls.
+
+    `domain` is a Domain or its name; the chess domain adds the WHALE chess contract.
+    """
+    p = Path(path)
+    name = _domain_name(domain)
+    try:
+        source = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return ValidationResult(False, f"{p}: harness file not found")
+    except (OSError, UnicodeDecodeError) as exc:
+        return ValidationResult(False, f"{p}: cannot read the harness file ({exc})")
+
+    problems = [
+        f"{p}:{prob.line}: {prob.message}" if prob.line else f"{p}: {prob.message}"
+        for prob in check_source(source, str(p))
+    ]
+    if not problems and name == "chess":
+        problems = chess_contract.static_problems(source, str(p))
+    if problems:
+        return ValidationResult(False, problems[0], None, tuple(problems))
+
+    try:
+        host = HarnessHost(p, name, sandbox)
+    except HarnessLoadError as exc:
+        return ValidationResult(False, str(exc), None, (str(exc),))
+    with host:
+        problems = _smoke(host, domain)
+        if name == "chess":
+            problems += chess_contract.check_chess_contract(host)
+        info = host.info
+    return ValidationResult(not problems, problems[0] if problems else "", info, tuple(problems))
