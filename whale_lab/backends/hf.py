@@ -1,0 +1,338 @@
+"""In-process generation with a transformers model: the default backend, and the one RSFT trains.
+
+The backend holds the very model object that the weight phase updates in place, so every call reads
+the current weights: nothing derived from the weights is cached between calls. Prompts are rendered
+with the tokenizer's chat template, sorted by length, left-padded and generated in chunks of
+`batch_size` (one `model.generate` per chunk); results come back in the caller's order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from whale_lab.backends.base import BackendError, Generation, Message, SamplingParams
+
+if TYPE_CHECKING:
+    from whale_lab.config import Config
+
+
+def check_messages(messages: Sequence[Message], where: str) -> list[dict[str, str]]:
+    """Chat messages as plain dicts, or a BackendError naming the bad message."""
+    out: list[dict[str, str]] = []
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        raise BackendError(
+            f"{where}: expected a list of chat messages, got {type(messages).__name__}"
+        )
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise BackendError(
+                f"{where}, message {i}: expected a dict with a 'role' string, got {m!r:.80}"
+            )
+        content = m.get("content")
+        if not isinstance(content, str):
+            raise BackendError(
+                f"{where}, message {i} ({m['role']}): content must be a string, "
+                f"got {type(content).__name__}"
+            )
+        out.append({"role": m["role"], "content": content})
+    return out
+
+
+def check_params(params: SamplingParams) -> None:
+    """Reject sampling settings no backend can honour, naming the field."""
+    if params.temperature < 0:
+        raise BackendError(f"sampling temperature must be >= 0, got {params.temperature}")
+    if not 0.0 < params.top_p <= 1.0:
+        raise BackendError(f"sampling top_p must be in (0, 1], got {params.top_p}")
+    if params.top_k < 0:
+        raise BackendError(f"sampling top_k must be >= 0 (0 turns it off), got {params.top_k}")
+    if params.max_new_tokens < 1:
+        raise BackendError(f"sampling max_new_tokens must be >= 1, got {params.max_new_tokens}")
+    for s in params.stop:
+        if not isinstance(s, str) or not s:
+            raise BackendError(f"stop sequences must be non-empty strings, got {s!r}")
+
+
+def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
+    """Text before the earliest stop sequence (OpenAI semantics: the stop string is not returned)."""
+    best = -1
+    for s in stop:
+        pos = text.find(s)
+        if pos != -1 and (best == -1 or pos < best):
+            best = pos
+    return (text, False) if best == -1 else (text[:best], True)
+
+
+class HFBackend:
+    """Batched `generate` over a (possibly peft-wrapped) causal LM held in this process."""
+
+    name = "hf"
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        device: str | None = None,
+        batch_size: int = 64,
+        max_context_tokens: int = 2048,
+    ) -> None:
+        if batch_size < 1:
+            raise BackendError(f"batch_size must be >= 1, got {batch_size}")
+        if max_context_tokens < 2:
+            raise BackendError(f"max_context_tokens must be >= 2, got {max_context_tokens}")
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise BackendError("the tokenizer has no chat template; set tokenizer.chat_template")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = device
+        self.batch_size = batch_size
+        self.max_context_tokens = max_context_tokens
+        if device is not None:
+            model.to(device)
+
+    @classmethod
+    def from_config(cls, cfg: Config, model: Any = None, tokenizer: Any = None) -> HFBackend:
+        """Load `cfg.model.path` (or wrap the given model/tokenizer) with the config's batch sizes."""
+        given = model is not None
+        if model is None:
+            from whale_lab.models import load_model_and_tokenizer
+
+            model, loaded_tok = load_model_and_tokenizer(
+                cfg.model.path, dtype=cfg.model.dtype, device=cfg.model.device
+            )
+            tokenizer = tokenizer if tokenizer is not None else loaded_tok
+        elif tokenizer is None:
+            tokenizer = _load_tokenizer(cfg.model.path)
+        return cls(
+            model,
+            tokenizer,
+            device=None if given else cfg.model.device,  # a given model stays where it is
+            batch_size=cfg.sampling.batch_size,
+            max_context_tokens=cfg.model.max_context_tokens,
+        )
+
+    # ------------------------------------------------------------------ tokens
+
+    def encode_chat(self, messages: Sequence[Message], *, where: str = "prompt") -> list[int]:
+        """Token ids of a chat rendered with the generation prompt, exactly as generate sees it."""
+        msgs = check_messages(messages, where)
+        try:
+            text = self.tokenizer.apply_chat_template(
+                msgs, add_generation_prompt=True, tokenize=False
+            )
+        except Exception as exc:  # jinja errors from the template (e.g. role order rules)
+            raise BackendError(f"{where}: the chat template rejected the messages: {exc}") from None
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def count_tokens(self, messages: Sequence[Message]) -> int:
+        return len(self.encode_chat(messages))
+
+    def _eos_ids(self) -> list[int]:
+        ids: list[int] = []
+        gen_eos = getattr(self.model.generation_config, "eos_token_id", None)
+        for v in (gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos]) + [
+            self.tokenizer.eos_token_id
+        ]:
+            if isinstance(v, int) and v not in ids:
+                ids.append(v)
+        return ids
+
+    def _pad_id(self, eos_ids: list[int]) -> int:
+        pad = self.tokenizer.pad_token_id
+        if pad is None:
+            pad = getattr(self.model.generation_config, "pad_token_id", None)
+        if pad is None:
+            if not eos_ids:
+                raise BackendError("the tokenizer has neither a pad token nor an EOS token")
+            pad = eos_ids[0]
+        return int(pad)
+
+    # -------------------------------------------------------------- generation
+
+    def generate(
+        self, prompts: Sequence[Sequence[Message]], params: SamplingParams
+    ) -> list[Generation]:
+        """One completion per prompt, in order; `model.generate` once per chunk of `batch_size`."""
+        check_params(params)
+        if not prompts:
+            return []
+        encoded = [self.encode_chat(p, where=f"prompt {i}") for i, p in enumerate(prompts)]
+        results: list[Generation | None] = [None] * len(encoded)
+        todo: list[int] = []
+        for i, ids in enumerate(encoded):
+            if not ids:
+                results[i] = Generation("", 0, 0, "error", error="the prompt renders to no tokens")
+            elif len(ids) >= self.max_context_tokens:
+                results[i] = Generation(
+                    "",
+                    len(ids),
+                    0,
+                    "error",
+                    error=f"the prompt takes {len(ids)} tokens; the context limit is "
+                    f"{self.max_context_tokens} (model.max_context_tokens)",
+                )
+            else:
+                todo.append(i)
+        # Longest first, so each chunk holds prompts of similar length (little padding).
+        todo.sort(key=lambda i: -len(encoded[i]))
+        with self._generation_mode(params.seed):
+            for start in range(0, len(todo), self.batch_size):
+                chunk = todo[start : start + self.batch_size]
+                for i, gen in zip(
+                    chunk, self._generate_chunk([encoded[i] for i in chunk], params), strict=True
+                ):
+                    results[i] = gen
+        return [r for r in results if r is not None]
+
+    @contextlib.contextmanager
+    def _generation_mode(self, seed: int | None) -> Iterator[None]:
+        """Eval mode + inference mode (+ a private seeded RNG); the caller's state is restored."""
+        import torch
+
+        was_training = bool(self.model.training)
+        self.model.eval()
+        try:
+            with contextlib.ExitStack() as stack:
+                if seed is not None:
+                    dev = self._model_device()
+                    devices = [dev] if dev.type == "cuda" else []
+                    stack.enter_context(torch.random.fork_rng(devices=devices))
+                    torch.manual_seed(seed)
+                stack.enter_context(torch.inference_mode())
+                yield
+        finally:
+            if was_training:
+                self.model.train()
+
+    def _model_device(self) -> Any:
+        import torch
+
+        try:
+            return next(self.model.parameters()).device
+        except StopIteration:
+            return torch.device(self.device or "cpu")
+
+    def _generate_chunk(self, rows: list[list[int]], params: SamplingParams) -> list[Generation]:
+        import torch
+        from transformers import GenerationConfig
+
+        eos_ids = self._eos_ids()
+        pad_id = self._pad_id(eos_ids)
+        width = max(len(r) for r in rows)
+        # Each row may use up to the context limit; the chunk runs to the largest budget and each
+        # row is cut to its own afterwards. Positions never pass the model's own limit.
+        budgets = [min(params.max_new_tokens, self.max_context_tokens - len(r)) for r in rows]
+        new_tokens = max(budgets)
+        max_pos = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
+        if isinstance(max_pos, int) and width + new_tokens > max_pos:
+            new_tokens = max(1, max_pos - width)
+        device = self._model_device()
+        input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+        attention = torch.zeros((len(rows), width), dtype=torch.long)
+        for j, r in enumerate(rows):
+            input_ids[j, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+            attention[j, width - len(r) :] = 1
+        sampling: dict[str, Any]
+        if params.greedy:
+            # transformers' neutral values: sampling flags at their defaults raise no warning.
+            sampling = {"do_sample": False, "temperature": 1.0, "top_p": 1.0, "top_k": 50}
+        else:
+            sampling = {
+                "do_sample": True,
+                "temperature": params.temperature,
+                "top_p": params.top_p,
+                "top_k": params.top_k,  # 0 switches the top-k filter off
+            }
+        gen_cfg = GenerationConfig(
+            max_new_tokens=new_tokens,
+            eos_token_id=eos_ids or None,
+            pad_token_id=pad_id,
+            use_cache=True,
+            num_return_sequences=1,
+            stop_strings=list(params.stop) or None,
+            **sampling,
+        )
+        extra: dict[str, Any] = {"tokenizer": self.tokenizer} if params.stop else {}
+        try:
+            out = self.model.generate(
+                input_ids=input_ids.to(device),
+                attention_mask=attention.to(device),
+                generation_config=gen_cfg,
+                **extra,
+            )
+        except getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError) as exc:
+            raise BackendError(
+                f"out of memory generating {len(rows)} prompts of up to {width} tokens; "
+                f"lower sampling.batch_size (now {self.batch_size}): {exc}"
+            ) from None
+        completions = out[:, width:].tolist()
+        eos_set = set(eos_ids)
+        return [
+            self._finish(row, toks, budget, eos_set, params.stop)
+            for row, toks, budget in zip(rows, completions, budgets, strict=True)
+        ]
+
+    def _finish(
+        self,
+        prompt: list[int],
+        toks: list[int],
+        budget: int,
+        eos_set: set[int],
+        stop: Sequence[str],
+    ) -> Generation:
+        """Trim one row at EOS / stop string / its budget and say why it ended."""
+        toks = toks[:budget]  # the chunk may have run past this row's own budget
+        ended = False
+        for k, t in enumerate(toks):
+            if t in eos_set:
+                toks, ended = toks[:k], True
+                break
+        text = self.tokenizer.decode(toks, skip_special_tokens=True)
+        if stop:
+            text, hit = cut_at_stop(text, stop)
+            if hit:
+                toks = self._tokens_through_stop(toks, stop)
+                ended = True
+        return Generation(
+            text=text,
+            prompt_tokens=len(prompt),
+            completion_tokens=len(toks),
+            finish_reason="stop" if ended else "length",
+            token_ids=tuple(toks),
+        )
+
+    def _tokens_through_stop(self, toks: list[int], stop: Sequence[str]) -> list[int]:
+        """The shortest prefix of `toks` whose text contains a stop string (the model did write it)."""
+        lo, hi = 1, len(toks)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if cut_at_stop(self.tokenizer.decode(toks[:mid], skip_special_tokens=True), stop)[1]:
+                hi = mid
+            else:
+                lo = mid + 1
+        return toks[:lo]
+
+    def close(self) -> None:
+        """Nothing to release: the model belongs to whoever trains it."""
+
+
+def _load_tokenizer(name: str) -> Any:
+    """The tokenizer alone (for a model given without one), set up as the loader sets it up."""
+    from transformers import AutoTokenizer
+
+    from whale_lab.models import CHAT_TEMPLATE, resolve_model_path
+
+    path = resolve_model_path(name)
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except OSError as exc:
+        raise BackendError(f"cannot load the tokenizer of {name!r} ({path}): {exc}") from None
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    if tok.chat_template is None:
+        tok.chat_template = CHAT_TEMPLATE
+    return tok

@@ -1,0 +1,183 @@
+"""In-process vLLM (`vllm.LLM`) for GPU boxes: fast batched sampling, LoRA adapters per request.
+
+vLLM is an optional, GPU-only extra: this module imports it only when the backend is built, and a
+missing or unusable install is a `BackendError` that says what to do instead. Weights trained by
+RSFT reach vLLM as a LoRA adapter folder through `load_adapter(path, name)`; each load gets a fresh
+adapter id so vLLM never serves a stale cached copy of an adapter that was saved again.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from whale_lab.backends.base import BackendError, Generation, Message, SamplingParams
+from whale_lab.backends.hf import check_messages, check_params, cut_at_stop
+
+if TYPE_CHECKING:
+    from whale_lab.config import Config
+
+MISSING_VLLM = (
+    "model.backend = 'vllm' needs the vllm package, a GPU-only extra: install it on a CUDA "
+    "machine with `pip install 'whale-lab[vllm]'`, or use backend 'hf' (in process) or 'openai' "
+    "(against a running `vllm serve`)"
+)
+
+
+# vLLM accepts only these values for max_lora_rank.
+LORA_RANK_SLOTS = (8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def _lora_rank_slot(rank: int) -> int:
+    """The smallest max_lora_rank vLLM accepts that holds adapters of `rank`."""
+    for slot in LORA_RANK_SLOTS:
+        if rank <= slot:
+            return slot
+    raise BackendError(
+        f"model.lora.rank = {rank} is above vLLM's largest LoRA rank ({LORA_RANK_SLOTS[-1]})"
+    )
+
+
+def _import_vllm() -> Any:
+    try:
+        import vllm
+    except ImportError as exc:
+        raise BackendError(f"{MISSING_VLLM} (import failed: {exc})") from None
+    return vllm
+
+
+class VLLMBackend:
+    """Batched chat generation with `vllm.LLM.chat`; LoRA adapters through `LoRARequest`."""
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        dtype: str = "auto",
+        max_context_tokens: int = 2048,
+        enable_lora: bool = True,
+        max_lora_rank: int = 64,
+        gpu_memory_utilization: float = 0.85,
+        seed: int = 0,
+    ) -> None:
+        self._vllm = _import_vllm()
+        self.model_path = model_path
+        self.max_context_tokens = max_context_tokens
+        try:
+            self.llm = self._vllm.LLM(
+                model=model_path,
+                dtype=dtype,
+                max_model_len=max_context_tokens,
+                enable_lora=enable_lora,
+                max_lora_rank=max_lora_rank,
+                gpu_memory_utilization=gpu_memory_utilization,
+                seed=seed,
+            )
+        except Exception as exc:  # no GPU, bad folder, out of memory: vLLM raises many kinds
+            raise BackendError(f"vLLM could not start model {model_path!r}: {exc}") from None
+        self.tokenizer = self.llm.get_tokenizer()
+        self._lora: Any = None
+        self._lora_ids = itertools.count(1)
+        self.adapters: dict[str, Any] = {}
+
+    @classmethod
+    def from_config(cls, cfg: Config, model: Any = None, tokenizer: Any = None) -> VLLMBackend:
+        """vLLM over `cfg.model.path` (a preset resolves to its local folder first)."""
+        from whale_lab.models import resolve_model_path
+
+        return cls(
+            resolve_model_path(cfg.model.path),
+            dtype=cfg.model.dtype,
+            max_context_tokens=cfg.model.max_context_tokens,
+            enable_lora=cfg.model.lora.enabled,
+            max_lora_rank=_lora_rank_slot(cfg.model.lora.rank),
+            seed=cfg.run.seed,
+        )
+
+    def count_tokens(self, messages: Sequence[Message]) -> int:
+        msgs = check_messages(messages, "prompt")
+        text = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def generate(
+        self, prompts: Sequence[Sequence[Message]], params: SamplingParams
+    ) -> list[Generation]:
+        check_params(params)
+        convs = [check_messages(p, f"prompt {i}") for i, p in enumerate(prompts)]
+        if not convs:
+            return []
+        sps = [
+            self._vllm.SamplingParams(
+                n=1,
+                temperature=params.temperature,
+                top_p=params.top_p,
+                top_k=params.top_k if params.top_k > 0 else -1,
+                max_tokens=params.max_new_tokens,
+                stop=list(params.stop) or None,
+                seed=None if params.seed is None else params.seed + i,
+            )
+            for i in range(len(convs))
+        ]
+        outputs = self.llm.chat(
+            convs,
+            sampling_params=sps,
+            use_tqdm=False,
+            lora_request=self._lora,
+            add_generation_prompt=True,
+        )
+        results = []
+        for out in outputs:
+            comp = out.outputs[0]
+            text, hit = cut_at_stop(comp.text, params.stop)
+            finish = "length" if comp.finish_reason == "length" and not hit else "stop"
+            results.append(
+                Generation(
+                    text=text,
+                    prompt_tokens=len(out.prompt_token_ids or ()),
+                    completion_tokens=len(comp.token_ids),
+                    finish_reason=finish,
+                    token_ids=tuple(comp.token_ids),
+                )
+            )
+        return results
+
+    def load_adapter(self, path: str | Path, name: str) -> None:
+        """Serve the LoRA adapter in `path` from the next generate on (a fresh id: no stale cache)."""
+        if not (Path(path) / "adapter_config.json").exists():
+            raise BackendError(f"{path} is not a LoRA adapter folder (no adapter_config.json)")
+        from vllm.lora.request import LoRARequest
+
+        if name in self.adapters:
+            self.unload_adapter(name)
+        req = LoRARequest(name, next(self._lora_ids), str(path))
+        self.adapters[name] = req
+        self._lora = req
+
+    def unload_adapter(self, name: str) -> None:
+        req = self.adapters.pop(name, None)
+        if req is None:
+            return
+        if self._lora is req:
+            self._lora = None
+        remove = getattr(getattr(self.llm, "llm_engine", None), "remove_lora", None)
+        if remove is not None:
+            try:
+                remove(req.lora_int_id)
+            except Exception:  # already evicted from vLLM's cache: nothing to free
+                pass
+
+    def close(self) -> None:
+        self.llm = None
+        gc.collect()
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except ImportError:
+            pass
