@@ -8,7 +8,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from whale_lab.config import Config, ConfigError, find_default_config, load_config
+from whale_lab.config import Config, find_default_config, load_config
+from whale_lab.errors import WhaleLabError
 
 
 def _add_common(p: argparse.ArgumentParser, *, top: bool = False) -> None:
@@ -95,26 +96,6 @@ def _dispatch(args: argparse.Namespace) -> int:
     raise AssertionError(command)  # pragma: no cover
 
 
-def _user_error_types() -> tuple[type[BaseException], ...]:
-    """Errors caused by a user's input or environment: printed as one line, no traceback."""
-    from whale_lab.backends.base import BackendError
-
-    types: list[type[BaseException]] = [ConfigError, BackendError, FileNotFoundError]
-    try:
-        from whale_lab.harness import HarnessLoadError
-
-        types.append(HarnessLoadError)
-    except ImportError:  # pragma: no cover
-        pass
-    try:
-        from whale_lab.domains.errors import DataError
-
-        types.append(DataError)
-    except ImportError:
-        pass
-    return tuple(types)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -123,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("whale-lab: interrupted", file=sys.stderr)
         return 130
-    except _user_error_types() as exc:
+    except (WhaleLabError, FileNotFoundError) as exc:
         print(f"whale-lab: error: {exc}", file=sys.stderr)
         if os.environ.get("WHALE_LAB_DEBUG"):
             raise

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
+from whale_lab.errors import WhaleLabError
+
 Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": str}
 
 
@@ -33,7 +35,7 @@ class Generation:
     error: str = ""
 
 
-class BackendError(RuntimeError):
+class BackendError(WhaleLabError, RuntimeError):
     """A backend problem a user can act on (server down, model folder unusable, ...)."""
 
 

@@ -13,9 +13,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from whale_lab.domains.loaders import split_contents
+from whale_lab.errors import WhaleLabError
 
 
-class RetrieverError(RuntimeError):
+class RetrieverError(WhaleLabError, RuntimeError):
     """The retrieval server could not be reached or answered something unusable."""
 
 

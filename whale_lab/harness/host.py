@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from whale_lab.config import SandboxConfig
+from whale_lab.errors import WhaleLabError
 from whale_lab.harness.surfaces import ALLOWED_IMPORTS
 
 CallKind = Literal[
@@ -44,7 +45,7 @@ FLOOD_FACTOR = 50
 FLOOD_MIN_CHARS = 1_000_000
 
 
-class HarnessLoadError(Exception):
+class HarnessLoadError(WhaleLabError):
     """The harness file cannot be used; the message names the file, the line and the reason."""
 
     def __init__(self, path: str | Path, line: int, reason: str) -> None:

@@ -1,0 +1,10 @@
+"""The root of errors caused by a user's input or environment.
+
+The CLI and the TUI print these as one readable line; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class WhaleLabError(Exception):
+    """A problem the user can act on: names what is wrong and where."""
