@@ -1,0 +1,351 @@
+"""The panels: each one redraws itself from the view model when the app says its area changed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.syntax import Syntax
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.widgets import (
+    Button,
+    DataTable,
+    OptionList,
+    ProgressBar,
+    RichLog,
+    Sparkline,
+    Static,
+)
+from textual.widgets.option_list import Option
+from textual_plotext import PlotextPlot
+
+from whale_lab.tui import render
+from whale_lab.tui.state import EpisodeRow, ReviewEntry, RunView, filter_label, matches_filter
+
+MAX_TABLE_ROWS = 1_000
+
+
+class TextView(Static):
+    """A Static that skips updates that would not change what it shows (redraws are costly)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._shown_key: object = object()
+
+    def show(self, renderable: Any, key: object = None) -> None:
+        key = renderable if key is None else key
+        if isinstance(key, Text):
+            key = (key.plain, tuple(key.spans), str(key.style))
+        if key == self._shown_key:
+            return
+        self._shown_key = key
+        self.update(renderable)
+
+
+class StatusPanel(Vertical):
+    """Header: run, model, domain, schedule, cycle/phase with its budget, rollouts, spend."""
+
+    def compose(self) -> ComposeResult:
+        yield TextView(id="status-run")
+        with Horizontal(id="status-phase"):
+            yield TextView(id="status-phase-label")
+            yield ProgressBar(total=None, show_eta=False, id="phase-progress")
+            yield TextView(id="status-elapsed")
+        yield TextView(id="status-accounting")
+
+    def update_view(
+        self, view: RunView, *, state: str, fallback: dict[str, str], elapsed: float
+    ) -> None:
+        self.query_one("#status-run", TextView).show(
+            render.status_line(view, state=state, fallback=fallback)
+        )
+        self.query_one("#status-phase-label", TextView).show(render.phase_label(view))
+        bar = self.query_one("#phase-progress", ProgressBar)
+        if view.phase_budget > 0:
+            bar.update(total=view.phase_budget, progress=min(view.phase_done, view.phase_budget))
+        else:
+            bar.update(total=None, progress=0)
+        self.query_one("#status-elapsed", TextView).show(
+            Text(f"⏱ {render.fmt_duration(elapsed)}", no_wrap=True)
+        )
+        self.query_one("#status-accounting", TextView).show(render.accounting_line(view))
+
+
+class RolloutsPanel(Vertical):
+    """Finished episodes, newest at the bottom, coloured by outcome and filterable."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.filter = "all"
+        self._shown: list[EpisodeRow] = []
+        self._last_index = -1
+
+    def compose(self) -> ComposeResult:
+        yield TextView(id="rollouts-summary")
+        table: DataTable[Text] = DataTable(
+            id="rollouts-table", cursor_type="row", zebra_stripes=True
+        )
+        table.add_columns(*render.EPISODE_COLUMNS)
+        yield table
+
+    @property
+    def table(self) -> DataTable[Text]:
+        return self.query_one("#rollouts-table", DataTable)
+
+    def filters(self, view: RunView) -> list[str]:
+        """All, failures, then one entry per stop reason seen so far."""
+        return ["all", "failures"] + [f"stop:{r}" for r in sorted(view.stop_counts)]
+
+    def set_filter(self, flt: str, view: RunView) -> None:
+        self.filter = flt
+        self.rebuild(view)
+
+    def selected_row(self) -> EpisodeRow | None:
+        table = self.table
+        if not self._shown or table.row_count == 0:
+            return None
+        idx = table.cursor_row
+        if 0 <= idx < len(self._shown):
+            return self._shown[idx]
+        return None
+
+    def rebuild(self, view: RunView) -> None:
+        table = self.table
+        table.clear()
+        rows = [r for r in view.episodes if matches_filter(r, self.filter)][-MAX_TABLE_ROWS:]
+        self._shown = rows
+        for row in rows:
+            table.add_row(*render.episode_cells(row))
+        self._last_index = view.episodes[-1].index if view.episodes else -1
+        if rows:
+            table.move_cursor(row=len(rows) - 1, animate=False)
+        self._update_summary(view)
+
+    def update_view(self, view: RunView) -> None:
+        """Append episodes that arrived since the last call (one batch per flush)."""
+        table = self.table
+        follow = table.row_count == 0 or table.cursor_row >= table.row_count - 1
+        new = [r for r in view.episodes if r.index > self._last_index]
+        if view.episodes:
+            self._last_index = view.episodes[-1].index
+        added = [r for r in new if matches_filter(r, self.filter)]
+        for row in added:
+            table.add_row(*render.episode_cells(row))
+            self._shown.append(row)
+        excess = len(self._shown) - MAX_TABLE_ROWS
+        if excess > 0:
+            self.rebuild(view)
+            return
+        if added and follow:
+            table.move_cursor(row=table.row_count - 1, animate=False)
+        self._update_summary(view)
+
+    def _update_summary(self, view: RunView) -> None:
+        t = Text(no_wrap=True, overflow="ellipsis")
+        t.append("filter ", style="dim")
+        t.append(filter_label(self.filter), style="bold reverse")
+        t.append(
+            f"  {render.fmt_int(len(self._shown))} shown of {render.fmt_int(view.episode_count)}  ",
+            style="dim",
+        )
+        t.append_text(render.outcome_summary(view))
+        self.query_one("#rollouts-summary", TextView).show(t)
+
+
+class AccuracyPanel(Vertical):
+    """Val/test mean@k over time, the cycle table, and the weight phase's training signal."""
+
+    def compose(self) -> ComposeResult:
+        yield TextView(id="accuracy-summary")
+        yield PlotextPlot(id="accuracy-plot")
+        with Horizontal(classes="spark-row"):
+            yield TextView(id="reward-label", classes="spark-label")
+            yield Sparkline([], id="reward-spark")
+        with Horizontal(classes="spark-row"):
+            yield TextView(id="accept-label", classes="spark-label")
+            yield Sparkline([], id="accept-spark")
+        table: DataTable[Text] = DataTable(id="cycles-table", cursor_type="row")
+        table.add_columns(*render.CYCLE_COLUMNS)
+        yield table
+
+    def update_view(self, view: RunView) -> None:
+        self.query_one("#accuracy-summary", TextView).show(render.accuracy_summary(view))
+        self._plot(view)
+        rewards, accepts = view.weight_series()
+        self.query_one("#reward-spark", Sparkline).data = rewards
+        self.query_one("#accept-spark", Sparkline).data = accepts
+        last_r = f"{rewards[-1]:.2f}" if rewards else "—"
+        last_a = render.fmt_pct(accepts[-1]) if accepts else "—"
+        self.query_one("#reward-label", TextView).show(Text(f"train reward {last_r}", no_wrap=True))
+        self.query_one("#accept-label", TextView).show(Text(f"accept rate {last_a}", no_wrap=True))
+        table = self.query_one("#cycles-table", DataTable)
+        table.clear()
+        for cyc in sorted(view.cycles):
+            table.add_row(*render.cycle_cells(view.cycles[cyc]))
+
+    def _plot(self, view: RunView) -> None:
+        widget = self.query_one("#accuracy-plot", PlotextPlot)
+        plt = widget.plt
+        plt.clear_data()
+        plt.clear_figure()
+        by_rollouts = any(p.rollouts > 0 for p in view.evals)
+        for split, color in (("val", "cyan"), ("test", "magenta")):
+            pts = [(i, p) for i, p in enumerate(view.evals, start=1) if p.split == split]
+            if not pts:
+                continue
+            xs = [p.rollouts if by_rollouts else i for i, p in pts]
+            ys = [100 * p.mean_at_k for _, p in pts]
+            k = pts[-1][1].k
+            plt.plot(xs, ys, label=f"{split} mean@{k}", marker="braille", color=color)
+        if by_rollouts and view.evals:
+            lo = min(p.rollouts for p in view.evals)
+            hi = max(p.rollouts for p in view.evals)
+            for _cycle, _phase, x in view.phase_marks:
+                if lo < x < hi:
+                    plt.vline(x, color="gray")
+        plt.xlabel("rollouts (weight + harness); | = phase end" if by_rollouts else "evaluation")
+        plt.ylabel("%")
+        if not view.evals:
+            plt.title("no evaluations yet")
+        widget.refresh()
+
+
+class ReviewPanel(Vertical):
+    """Candidates awaiting a decision (first) and recent decisions, with the selected diff."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._ids: list[str] = []
+        self._signature: tuple[object, ...] = ()
+        self._entries: list[ReviewEntry] = []
+        self._live: set[str] = set()
+
+    def compose(self) -> ComposeResult:
+        yield OptionList(id="review-list")
+        with VerticalScroll(id="review-detail"):
+            yield TextView(id="review-meta")
+            yield TextView(id="review-diff")
+
+    def selected_id(self) -> str | None:
+        ol = self.query_one("#review-list", OptionList)
+        idx = ol.highlighted
+        if idx is None or not (0 <= idx < len(self._ids)):
+            return None
+        return self._ids[idx]
+
+    def update_view(self, entries: list[ReviewEntry], live_ids: set[str]) -> None:
+        """`entries`: pending first; `live_ids`: those an engine is waiting on right now."""
+        self._entries, self._live = entries, set(live_ids)
+        signature = tuple((e.candidate_id, e.status, e.candidate_id in live_ids) for e in entries)
+        ol = self.query_one("#review-list", OptionList)
+        if signature != self._signature:
+            keep = self.selected_id()
+            self._signature = signature
+            self._ids = [e.candidate_id for e in entries]
+            ol.clear_options()
+            ol.add_options(
+                [
+                    Option(
+                        render.review_option(e, live=e.candidate_id in live_ids), id=e.candidate_id
+                    )
+                    for e in entries
+                ]
+            )
+            if self._ids:
+                # stay on the selected candidate while it still waits; else the first waiting one
+                still = keep in self._ids and entries[self._ids.index(keep)].status == "pending"
+                ol.highlighted = self._ids.index(keep) if still else 0
+        self.show_selected(entries, live_ids)
+
+    def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        if self.is_mounted:
+            self.show_selected(self._entries, self._live)
+
+    def show_selected(self, entries: list[ReviewEntry], live_ids: set[str]) -> None:
+        cid = self.selected_id()
+        entry = next((e for e in entries if e.candidate_id == cid), None)
+        meta = self.query_one("#review-meta", TextView)
+        diff = self.query_one("#review-diff", TextView)
+        if entry is None:
+            meta.show(Text("No candidates to review.", style="dim"))
+            diff.show(Text(""))
+            return
+        meta.show(render.review_meta(entry, live=entry.candidate_id in live_ids))
+        if entry.diff.strip():
+            diff.show(
+                Syntax(entry.diff, "diff", theme="ansi_dark", word_wrap=True),
+                key=("diff", entry.diff),
+            )
+        else:
+            diff.show(Text("(no diff recorded)", style="dim"))
+
+
+CONTROL_BUTTONS = (
+    ("pause", "Pause", "control.pause"),
+    ("resume", "Resume", "control.resume"),
+    ("switch", "Switch phase", "control.switch"),
+    ("probe", "Probe", "control.probe"),
+    ("stop", "Stop", "control.stop"),
+)
+
+
+class ControlPanel(Vertical):
+    """Buttons for the phase-control actions (enabled exactly when the action applies)."""
+
+    def compose(self) -> ComposeResult:
+        yield TextView(id="control-state")
+        with Horizontal(id="control-buttons"):
+            for action, label, _ in CONTROL_BUTTONS:
+                yield Button(Text(label), id=f"btn-{action}", compact=True)
+        yield TextView(id="control-probe")
+
+    def update_view(
+        self, view: RunView, *, state_text: Text, enabled: dict[str, bool], keys: dict[str, str]
+    ) -> None:
+        self.query_one("#control-state", TextView).show(state_text)
+        for action, label, binding_id in CONTROL_BUTTONS:
+            btn = self.query_one(f"#btn-{action}", Button)
+            key = keys.get(binding_id, "")
+            text = f"{label} ({key})" if key else label
+            if btn.label.plain != text:
+                btn.label = Text(text)
+            disabled = not enabled.get(action, False)
+            if btn.disabled != disabled:
+                btn.disabled = disabled
+        self.query_one("#control-probe", TextView).show(
+            render.probe_text(view.probes, view.probe_running)
+        )
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id and event.button.id.startswith("btn-"):
+            event.stop()
+            self.app.call_later(self.app.run_action, event.button.id[4:])
+
+
+class LogPanel(Vertical):
+    """Engine log lines and TUI notices; capped, never markup."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._written = 0
+
+    def compose(self) -> ComposeResult:
+        yield RichLog(id="log", max_lines=2_000, markup=False, highlight=False, wrap=True)
+
+    def update_view(self, view: RunView) -> None:
+        log = self.query_one("#log", RichLog)
+        new = view.log_count - self._written
+        if new <= 0:
+            return
+        lines = list(view.logs)[-min(new, len(view.logs)) :]
+        for line in lines:
+            log.write(render.log_line(line.ts, line.level, line.message, view.first_ts))
+        self._written = view.log_count
+
+    def notice(self, level: str, message: str) -> None:
+        """A line from the TUI itself (engine errors, library warnings), not from the run."""
+        t = Text()
+        t.append("tui   ", style="dim")
+        t.append(message, style={"warning": "yellow", "error": "bold red"}.get(level, ""))
+        self.query_one("#log", RichLog).write(t)
