@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -32,7 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("tui", help="open the app (the default), optionally on an existing run")
     _add_common(p)
-    p.add_argument("--run", default=None, help="run folder to open or resume")
+    p.add_argument("--run", default=None, help="run folder to open (an unfinished run is resumed)")
+    p.add_argument("--view", action="store_true",
+                   help="only show the run folder (replay its events); do not start the engine")
 
     p = sub.add_parser("eval", help="score a harness on a split: mean@k, pass@k and diagnostics")
     _add_common(p)
@@ -55,6 +58,45 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--harness", default=None, help="incoming harness (default: h0)")
     p.add_argument("--resume", default=None, metavar="RUN_DIR", help="resume a killed search run")
 
+    p = sub.add_parser("run", help="run the configured schedule (WHALE by default)")
+    _add_common(p)
+    p.add_argument("--domain", choices=["math", "search", "chess"], default=None)
+    p.add_argument("--schedule", default=None,
+                   choices=["whale", "adaptive", "weight-only", "harness-only", "stagewise", "prompt-only"])
+    p.add_argument("--headless", action="store_true",
+                   help="no app: a progress display, approval.headless_mode (auto by default)")
+
+    p = sub.add_parser("resume", help="resume a run folder from its last completed step")
+    _add_common(p)
+    p.add_argument("run_dir", help="the run folder (runs/<id>)")
+    p.add_argument("--headless", action="store_true", help="resume without the app")
+
+    p = sub.add_parser("probe", help="bottleneck probe: is the harness or the weights holding us back?")
+    _add_common(p)
+    p.add_argument("--domain", choices=["math", "search", "chess"], default=None)
+    p.add_argument("--run", default=None, help="probe an existing run's current weights and harness")
+    p.add_argument("--keep", nargs="?", const="best", default=None,
+                   choices=["best", "weights", "harness", "both"],
+                   help="keep a probe's result in the run (default: keep nothing)")
+
+    p = sub.add_parser("compare", help="run schedules x seeds on one domain and write a report")
+    _add_common(p)
+    p.add_argument("--domain", choices=["math", "search", "chess"], default=None)
+    p.add_argument("--schedules", default="whale,weight-only,harness-only,prompt-only,stagewise",
+                   help="comma-separated schedule names")
+    p.add_argument("--seeds", default="0", help="comma-separated seeds, e.g. 0,1,2")
+    p.add_argument("--out", default=None, help="report folder (default: runs/compare-<date>)")
+
+    p = sub.add_parser("micro", help="the embedded micro model: pre-train it or measure calibration")
+    micro = p.add_subparsers(dest="micro_command", required=True)
+    from whale_lab.micro import calibrate as _cal
+    from whale_lab.micro import pretrain as _pre
+
+    mp = micro.add_parser("pretrain", help="train the micro model from scratch on generated transcripts")
+    _pre.add_arguments(mp)
+    mc = micro.add_parser("calibrate", help="val mean@k under h0 and a stronger harness, per domain")
+    _add_common(mc)
+    _cal.add_arguments(mc)
     return parser
 
 
@@ -74,8 +116,22 @@ def _load(args: argparse.Namespace) -> Config:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    cfg = _load(args)
     command = args.command or "tui"
+    if command == "micro" and args.micro_command == "pretrain":
+        from whale_lab.micro.pretrain import run_pretrain
+
+        return run_pretrain(args)
+    if command == "resume":
+        from whale_lab.engine.headless import run_resume
+
+        if args.headless:
+            return run_resume(args.run_dir, headless=True)
+        from whale_lab.tui import run_tui
+
+        return run_tui(_load(args), run_dir=args.run_dir)
+    if getattr(args, "schedule", None):
+        args.overrides.append(f'schedule.kind="{args.schedule}"')
+    cfg = _load(args)
     if command == "eval":
         from whale_lab.evaluate import run_eval
 
@@ -92,7 +148,31 @@ def _dispatch(args: argparse.Namespace) -> int:
     if command == "tui":
         from whale_lab.tui.app import run_tui
 
-        return run_tui(cfg, run_dir=getattr(args, "run", None))
+        return run_tui(cfg, run_dir=getattr(args, "run", None), replay_only=getattr(args, "view", False))
+    if command == "run":
+        if args.headless:
+            from whale_lab.engine.headless import run_headless
+
+            return run_headless(cfg)
+        from whale_lab.tui import run_tui
+
+        return run_tui(cfg)
+    if command == "probe":
+        from whale_lab.engine.headless import run_probe
+
+        keep: bool | str = False if args.keep is None else (True if args.keep == "best" else args.keep)
+        return run_probe(cfg, run_dir=args.run, keep=keep)
+    if command == "compare":
+        from whale_lab.engine.headless import run_compare
+
+        schedules = [x.strip() for x in args.schedules.split(",") if x.strip()]
+        seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+        out = args.out or str(Path(cfg.run.directory) / f"compare-{cfg.domain.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        return run_compare(cfg, schedules, seeds, out)
+    if command == "micro":
+        from whale_lab.micro.calibrate import run_calibrate
+
+        return run_calibrate(cfg, args)
     raise AssertionError(command)  # pragma: no cover
 
 
