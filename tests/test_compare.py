@@ -1,0 +1,104 @@
+"""`compare`, `run --headless`, `resume` and `probe` entry points on the embedded math domain
+with the tiny random model and short budgets (the path a user takes from the command line)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from whale_lab.config import Config, load_config
+from whale_lab.engine.compare import run_compare
+from whale_lab.engine.headless import EXIT_OK, EXIT_USAGE, run_headless, run_probe, run_resume
+from whale_lab.store import RunStore, read_json
+
+SHORT = [
+    "model.path=tiny-random",
+    "domain.splits.weight=8",
+    "domain.splits.harness=2",
+    "domain.splits.val=2",
+    "domain.splits.test=2",
+    "sampling.k=2",
+    "sampling.max_new_tokens=8",
+    "rsft.prompts_per_step=2",
+    "rsft.samples_per_prompt=2",
+    "rsft.eval_every=10.0",
+    "harness_search.candidates_per_iteration=2",
+    "harness_search.smoke_tasks=2",
+    "schedule.cycles=1",
+    "schedule.weight_epochs=0.25",
+    "schedule.harness_iterations=2",
+    "schedule.total_weight_epochs=0.25",
+    "schedule.total_harness_iterations=2",
+    'approval.mode="manual"',  # headless and compare use approval.headless_mode (auto)
+]
+
+
+def short_config(tmp: Path, *more: str) -> Config:
+    return load_config(None, [*SHORT, f'run.directory="{tmp / "runs"}"', *more])
+
+
+def test_compare_runs_schedules_by_seeds_and_writes_the_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = short_config(tmp_path)
+    out = tmp_path / "cmp"
+    assert run_compare(cfg, ["weight-only", "harness-only"], [0], out) == EXIT_OK
+    for name in ("weight-only-seed0", "harness-only-seed0"):
+        state = read_json(out / name / "state.json")
+        assert state["status"] == "completed" and state["schedule"] == name.split("-seed")[0]
+    summary = (out / "summary.md").read_text(encoding="utf-8")
+    assert "| weight-only | 1 |" in summary and "| harness-only | 1 |" in summary
+    assert "best on test (paper's way)" in summary
+    results = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    assert {r["schedule"] for r in results["rows"]} == {"weight-only", "harness-only"}
+    assert (out / "accuracy_vs_rollouts.png").stat().st_size > 0
+    assert (out / "accuracy_vs_rollouts.svg").stat().st_size > 0
+    events_before = (out / "weight-only-seed0" / "events.jsonl").read_bytes()
+    # the same comparison again: completed runs are not run twice
+    assert run_compare(cfg, ["weight-only", "harness-only"], [0], out) == EXIT_OK
+    assert (out / "weight-only-seed0" / "events.jsonl").read_bytes() == events_before
+    assert "already completed" in capsys.readouterr().err
+
+
+def test_compare_refuses_bad_requests(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = short_config(tmp_path)
+    assert run_compare(cfg, ["whales"], [0], tmp_path / "c") == EXIT_USAGE
+    assert "unknown schedule 'whales' (did you mean 'whale'?)" in capsys.readouterr().err
+    assert run_compare(cfg, ["whale"], [-1], tmp_path / "c") == EXIT_USAGE
+    assert "seeds must be integers >= 0" in capsys.readouterr().err
+    manual = short_config(tmp_path, 'approval.headless_mode="manual"')
+    assert run_compare(manual, ["whale"], [0], tmp_path / "c") == EXIT_USAGE
+    assert "headless_mode" in capsys.readouterr().err
+
+
+def test_headless_run_then_resume_and_probe_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = short_config(tmp_path, 'schedule.kind="whale"')
+    assert run_headless(cfg) == EXIT_OK
+    (run,) = list((tmp_path / "runs").iterdir())
+    err = capsys.readouterr().err
+    assert "selected on val" in err and "the paper's way" in err
+    state = read_json(run / "state.json")
+    assert state["status"] == "completed"
+    assert read_json(run / "config.json")["approval"]["mode"] == "auto"
+    # resuming a completed run changes nothing
+    assert run_resume(run) == EXIT_OK
+    assert "already completed" in capsys.readouterr().err
+    # a probe on the finished run: it leaves weights and harness as they were
+    assert run_probe(cfg, str(run)) == EXIT_OK
+    err = capsys.readouterr().err
+    assert "bottleneck probe" in err
+    after = read_json(run / "state.json")
+    assert after["harness"] == state["harness"] and after["kept_weights"] == 0
+    assert len(after["probes"]) == 1
+    events = RunStore.read_events(run)
+    assert events[-1].type == "run_finished"
+    assert any(e.type == "probe_result" for e in events)
+    # user mistakes: one line, exit code 2
+    assert run_resume(tmp_path / "nope") == EXIT_USAGE
+    assert "not found" in capsys.readouterr().err
+    assert run_probe(cfg, str(run), keep="sometimes") == EXIT_USAGE
+    assert "--keep" in capsys.readouterr().err

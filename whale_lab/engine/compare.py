@@ -1,0 +1,166 @@
+"""`whale-lab compare`: schedules x seeds on one domain, one run folder each, one report.
+
+Every run gets a fresh backend (so each starts from the base weights) and its own domain object
+(splits depend on the seed); approval is `approval.headless_mode` since nobody reviews. Run
+folders are `<out>/<schedule>-seed<seed>/`; running the same comparison again skips the runs that
+completed and resumes those that did not. The report (`report.write_comparison`) lands in `<out>`:
+`summary.md` (the paper's main-table layout with 95% t-intervals across seeds and the best-on-test
+column marked as the paper's way), `results.json`, and accuracy-vs-rollouts plots (PNG, SVG).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from whale_lab.config import Config
+from whale_lab.engine.control import AutoReviewer, CommandChannel
+from whale_lab.engine.headless import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_STOPPED,
+    EXIT_USAGE,
+    HeadlessDisplay,
+    drive,
+    headless_config,
+    leave_now,
+    user_error_types,
+)
+from whale_lab.engine.schedules import SCHEDULES
+from whale_lab.store import read_json
+
+
+class CompareError(ValueError):
+    """A bad list of schedules or seeds, or an output folder that cannot be used."""
+
+
+def run_folder(out_dir: str | Path, schedule: str, seed: int) -> Path:
+    return Path(out_dir) / f"{schedule}-seed{seed}"
+
+
+def _check(schedules: Sequence[str], seeds: Sequence[int]) -> tuple[list[str], list[int]]:
+    if not schedules:
+        raise CompareError("compare: give at least one schedule")
+    unknown = [s for s in schedules if s not in SCHEDULES]
+    if unknown:
+        import difflib
+
+        close = difflib.get_close_matches(unknown[0], SCHEDULES, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise CompareError(
+            f"compare: unknown schedule {unknown[0]!r}{hint}; choose from {', '.join(SCHEDULES)}"
+        )
+    if not seeds:
+        raise CompareError("compare: give at least one seed")
+    for s in seeds:
+        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+            raise CompareError(f"compare: seeds must be integers >= 0, got {s!r}")
+    return list(dict.fromkeys(schedules)), list(dict.fromkeys(seeds))
+
+
+def run_config(cfg: Config, schedule: str, seed: int, out_dir: str | Path) -> Config:
+    """The config of one run of the comparison."""
+    return headless_config(cfg).replace(
+        schedule=dataclasses.replace(cfg.schedule, kind=schedule),  # type: ignore[arg-type]
+        run=dataclasses.replace(
+            cfg.run, seed=seed, name=f"{schedule}-seed{seed}", directory=str(out_dir)
+        ),
+    )
+
+
+def _completed(folder: Path) -> bool:
+    state = read_json(folder / "state.json", {}) or {}
+    return state.get("status") == "completed"
+
+
+def run_compare(
+    cfg: Config, schedules: Sequence[str], seeds: Sequence[int], out_dir: str | Path
+) -> int:
+    """Run every schedule with every seed (sequentially), then write the comparison report."""
+    import sys
+
+    from rich.console import Console
+
+    console = Console(stderr=True, highlight=False)
+    try:
+        return _compare(cfg, schedules, seeds, out_dir, console)
+    except (CompareError, *user_error_types()) as exc:
+        print(f"whale-lab: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _compare(
+    cfg: Config, schedules: Sequence[str], seeds: Sequence[int], out_dir: str | Path, console: Any
+) -> int:
+    from whale_lab.engine.engine import EngineError, create_run
+    from whale_lab.engine.report import summarise_run, write_comparison
+    from whale_lab.quiet import quiet_libraries
+
+    schedules, seeds = _check(schedules, seeds)
+    if cfg.approval.headless_mode == "manual":
+        raise CompareError(
+            'compare runs unattended: set approval.headless_mode to "auto" or "threshold"'
+        )
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise CompareError(f"compare: {out} exists and is not a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    quiet_libraries()
+    folders: list[Path] = []
+    failed: list[str] = []
+    total = len(schedules) * len(seeds)
+    n = 0
+    for schedule in schedules:
+        for seed in seeds:
+            n += 1
+            folder = run_folder(out, schedule, seed)
+            label = f"[{n}/{total} {schedule} seed {seed}] "
+            folders.append(folder)
+            if _completed(folder):
+                console.print(f"{label}already completed: {folder}", markup=False, highlight=False)
+                continue
+            commands = CommandChannel()
+            try:
+                engine, store = create_run(
+                    run_config(cfg, schedule, seed, out),
+                    folder,
+                    reviewer=AutoReviewer(),
+                    commands=commands,
+                )
+            except EngineError as exc:
+                raise CompareError(f"{folder}: {exc}") from None
+            try:
+                with HeadlessDisplay(console, prefix=label) as display:
+                    store.subscribe(display)
+                    how = drive(engine, commands, console)
+            except Exception as exc:  # noqa: BLE001 - one failed run must not sink the others
+                console.print(
+                    f"{label}failed: {type(exc).__name__}: {exc}", markup=False, highlight=False
+                )
+                failed.append(folder.name)
+                continue
+            finally:
+                store.close()
+            if how == "left":
+                leave_now(console, folder)
+            if how != "done" or engine.state.get("status") != "completed":
+                console.print(
+                    f"stopped; run the same compare command again to resume ({folder})",
+                    markup=False,
+                    highlight=False,
+                    soft_wrap=True,
+                )
+                return EXIT_STOPPED
+    summaries = [summarise_run(f) for f in folders if (f / "events.jsonl").exists()]
+    title = f"Schedule comparison, model {cfg.model.path}"
+    summary = write_comparison(out, summaries, title=title)
+    console.print(
+        summary.read_text(encoding="utf-8"), markup=False, highlight=False, soft_wrap=True
+    )
+    console.print(f"report: {summary}", markup=False, highlight=False, soft_wrap=True)
+    if failed:
+        console.print(f"failed runs: {', '.join(failed)}", markup=False, highlight=False)
+        return EXIT_FAILED
+    return EXIT_OK

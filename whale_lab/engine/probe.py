@@ -1,0 +1,815 @@
+"""Bottleneck probes: which component limits the agent now, the weights or the harness?
+
+A probe starts from the run's current weights and accepted harness and measures both sides on a
+small budget:
+
+* a harness probe: a few Meta-Harness iterations (auto approval) in a scratch archive under the
+  probe's folder, on the current weights;
+* a weight probe: a few RSFT steps on the current harness, on a copy of the trainable weights
+  (the optimizer state and the sampler position are copied too), restored afterwards;
+
+each reported as the change of val mean@k per 1,000 rollouts it spent. Trace diagnostics of the
+current pair on val (format failures, tool errors, turn-cap and token-cap hits, the pass@k - mean@k
+gap, retrieval recall for search, the legal-move rate for chess) say which side the failures point
+at. `recommend` turns gains and diagnostics into one plain sentence and its evidence.
+
+A probe never changes the run's accepted weights or harness unless asked to keep a result
+(`keep`): the engine then adopts the kept side. Everything the probe did stays under
+`<run>/probes/probe-NNN/` (its archive, its weight-probe resume points, `probe.json`).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from whale_lab import metrics
+from whale_lab.backends.base import Backend, SamplingParams
+from whale_lab.config import Config
+from whale_lab.domains.base import Domain
+from whale_lab.events import (
+    CandidateScored,
+    EpisodeFinished,
+    Event,
+    Log,
+    ProbeResult,
+    ProposerUsage,
+    WeightStep,
+)
+from whale_lab.store import RunStore, atomic_write_json
+from whale_lab.trace import EpisodeTrace
+
+KeepMode = Literal["none", "weights", "harness", "both", "best"]
+KEEP_MODES: tuple[str, ...] = ("none", "weights", "harness", "both", "best")
+
+# Trace signals: thresholds above (or below) which a diagnostic points at one side.
+FORMAT_FAILURE_HIGH = 0.2  # share of turns (or episodes) whose reply could not be parsed
+TOOL_ERROR_HIGH = 0.2  # share of tool calls that failed
+TURN_CAP_HIGH = 0.2  # share of episodes that ran out of turns
+TOKEN_CAP_HIGH = 0.2  # share of turns cut by max_new_tokens
+CONTEXT_OVERFLOW_HIGH = 0.1  # share of episodes whose prompt outgrew the context
+RECALL_LOW = 0.5  # search: share of episodes where a retrieved passage held the answer
+LEGAL_MOVE_LOW = 0.8  # chess: share of attempted moves that were legal
+GAP_HIGH = 0.15  # pass@k - mean@k: solved sometimes, not reliably
+ANSWERED_HIGH = 0.7  # share of episodes that end in a well-formed answer ...
+ANSWER_ACCURACY_LOW = 0.3  # ... of which this share or less is right
+# Gains closer than this share of the larger one are a tie (decided by the traces).
+TIE_SHARE = 0.2
+GAIN_EPS = 1e-9
+
+# Seed of the val evaluations (the same as the run's evaluations: common random numbers).
+_VAL_SEED_TAG = 1_000_003
+# Probe weight steps are numbered far above the run's, so adapters they serve never replace the
+# run's own (`step-N`) on a server.
+STEP_OFFSET = 1_000_000
+
+
+class ProbeStopped(RuntimeError):
+    """A stop request arrived mid-probe; the probe was abandoned and the run left as it was."""
+
+
+def mix_seed(*parts: int) -> int:
+    """A stable 31-bit seed from integers (the same mixing as the weight phase's evaluations)."""
+    h = 1469598103934665603
+    for p in parts:
+        h = ((h ^ (p & 0xFFFFFFFFFFFF)) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h % (2**31 - 1)
+
+
+def val_params(cfg: Config, split_index: int = 0) -> SamplingParams:
+    """Sampling for val/test evaluations: the config's sampling with the evaluation seed."""
+    s = cfg.sampling
+    return SamplingParams(
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k,
+        max_new_tokens=s.max_new_tokens,
+        seed=mix_seed(cfg.run.seed, _VAL_SEED_TAG, split_index),
+    )
+
+
+# ---------------------------------------------------------------------------- diagnostics
+
+
+def probe_diagnostics(traces: Sequence[EpisodeTrace], *, domain: str, k: int) -> dict[str, float]:
+    """`metrics.diagnostics` plus what a probe reads: mean@k, pass@k and their gap, and the
+    legal-move rate (chess: legal moves over attempted moves)."""
+    out = dict(metrics.diagnostics(traces))
+    if not traces:
+        return out
+    mean = metrics.mean_at_k(traces)
+    pass_k = metrics.pass_at_k(traces, k)
+    out["mean_at_k"] = mean
+    out["pass_at_k"] = pass_k
+    out["pass_mean_gap"] = max(0.0, pass_k - mean)
+    moves = sum(1 for t in traces for turn in t.turns if (turn.action or {}).get("kind") == "move")
+    if domain == "chess" or moves:
+        illegal = sum(t.illegal_moves for t in traces)
+        if moves:
+            out["legal_move_rate"] = max(0.0, (moves - illegal) / moves)
+    return out
+
+
+@dataclass(frozen=True)
+class Signal:
+    """One diagnostic that points at one side, in words."""
+
+    side: Literal["harness", "weights"]
+    key: str
+    value: float
+    text: str
+
+
+def read_signals(diag: dict[str, float], domain: str) -> list[Signal]:
+    """The diagnostics that point at the harness or at the weights, strongest first per side."""
+    out: list[Signal] = []
+    if not diag or not diag.get("episodes"):
+        return out
+    fmt = max(diag.get("format_failure_rate", 0.0), diag.get("stop_format_failure", 0.0))
+    if fmt >= FORMAT_FAILURE_HIGH:
+        out.append(
+            Signal(
+                "harness",
+                "format_failure_rate",
+                fmt,
+                f"format failures: {fmt:.0%} of replies could not be parsed; the "
+                "format instructions, parser or feedback (harness) hold the score down",
+            )
+        )
+    tool = diag.get("tool_error_rate", 0.0)
+    if tool >= TOOL_ERROR_HIGH:
+        out.append(
+            Signal(
+                "harness",
+                "tool_error_rate",
+                tool,
+                f"tool errors: {tool:.0%} of tool calls failed; how tool calls are "
+                "parsed and results shown (harness tool I/O) is the first thing to fix",
+            )
+        )
+    turn_cap = diag.get("stop_turn_cap", 0.0)
+    if turn_cap >= TURN_CAP_HIGH:
+        out.append(
+            Signal(
+                "harness",
+                "stop_turn_cap",
+                turn_cap,
+                f"turn cap: {turn_cap:.0%} of episodes ran out of turns; the turn budget "
+                "or stop rule (harness termination) cuts episodes short",
+            )
+        )
+    token_cap = diag.get("token_cap_rate", 0.0)
+    overflow = diag.get("stop_token_cap", 0.0)
+    if token_cap >= TOKEN_CAP_HIGH or overflow >= CONTEXT_OVERFLOW_HIGH:
+        out.append(
+            Signal(
+                "harness",
+                "token_cap",
+                max(token_cap, overflow),
+                f"token cap: {token_cap:.0%} of replies were cut by the token limit and "
+                f"{overflow:.0%} of episodes outgrew the context; context management "
+                "and reply-length instructions (harness) are the limit",
+            )
+        )
+    if domain == "search" and "retrieval_recall" in diag:
+        recall = diag["retrieval_recall"]
+        if recall < RECALL_LOW:
+            out.append(
+                Signal(
+                    "harness",
+                    "retrieval_recall",
+                    recall,
+                    f"retrieval recall: a retrieved passage held the answer in only "
+                    f"{recall:.0%} of episodes; how queries are formed and how many "
+                    "passages are shown (harness) limit what the model can answer",
+                )
+            )
+    if "legal_move_rate" in diag:
+        legal = diag["legal_move_rate"]
+        if legal < LEGAL_MOVE_LOW:
+            out.append(
+                Signal(
+                    "harness",
+                    "legal_move_rate",
+                    legal,
+                    f"legal moves: only {legal:.0%} of attempted moves were legal; how "
+                    "the board and the legal moves are shown, and the parser (harness), "
+                    "come first",
+                )
+            )
+    pass_k = diag.get("pass_at_k")
+    mean = diag.get("mean_at_k")
+    if pass_k is not None and mean is not None:
+        gap = pass_k - mean
+        if gap >= GAP_HIGH:
+            out.append(
+                Signal(
+                    "weights",
+                    "pass_mean_gap",
+                    gap,
+                    f"pass@k {pass_k:.0%} vs mean@k {mean:.0%}: the model solves tasks "
+                    "in some samples but not reliably; rejection-sampling fine-tuning "
+                    "has correct rollouts to learn from (weights)",
+                )
+            )
+        if pass_k <= 0.0:
+            out.append(
+                Signal(
+                    "harness",
+                    "pass_at_k",
+                    pass_k,
+                    "no val task was solved in any sample: RSFT would keep no rollout, "
+                    "so weight training cannot move until the harness yields some "
+                    "successes",
+                )
+            )
+    answered = diag.get("stop_answered", 0.0)
+    accuracy = diag.get("accuracy_when_answered")
+    # (with nothing solved at all RSFT has nothing to learn from: that case points at the harness)
+    if (
+        accuracy is not None
+        and answered >= ANSWERED_HIGH
+        and accuracy <= ANSWER_ACCURACY_LOW
+        and fmt < FORMAT_FAILURE_HIGH
+        and (pass_k or 0.0) > 0.0
+    ):
+        out.append(
+            Signal(
+                "weights",
+                "accuracy_when_answered",
+                accuracy,
+                f"answers: {answered:.0%} of episodes end in a well-formed answer but "
+                f"only {accuracy:.0%} of those are right; what the model knows and "
+                "how it reasons (weights) limit the score",
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    side: Literal["harness", "weights", "unclear"]
+    text: str
+    evidence: tuple[str, ...]
+
+
+def _fmt_gain(g: float | None) -> str:
+    return "not measured" if g is None else f"{g:+.3f}"
+
+
+def recommend(
+    harness_gain: float | None,
+    weight_gain: float | None,
+    signals: Sequence[Signal],
+    *,
+    harness_note: str = "",
+    weight_note: str = "",
+) -> Recommendation:
+    """Decide which side to work on next, from measured gains (val mean@k per 1,000 rollouts;
+    None when a side could not be measured) and trace signals; say why in plain words.
+
+    Measured gains decide when one side is clearly ahead; a tie, or neither side improving,
+    is decided by the traces; with nothing to go on the answer is "unclear".
+    """
+    h_votes = [s for s in signals if s.side == "harness"]
+    w_votes = [s for s in signals if s.side == "weights"]
+    evidence = [
+        f"harness probe: val mean@k {_fmt_gain(harness_gain)} per 1,000 rollouts"
+        + (f" ({harness_note})" if harness_note else ""),
+        f"weight probe: val mean@k {_fmt_gain(weight_gain)} per 1,000 rollouts"
+        + (f" ({weight_note})" if weight_note else ""),
+    ]
+    evidence += [s.text for s in signals]
+    side: Literal["harness", "weights", "unclear"] = "unclear"
+    why = ""
+    gains = {"harness": harness_gain, "weights": weight_gain}
+    measured = {k: v for k, v in gains.items() if v is not None and math.isfinite(v)}
+    best_side = max(measured, key=lambda s: measured[s]) if measured else None
+    if best_side is not None and measured[best_side] > GAIN_EPS:
+        other = "weights" if best_side == "harness" else "harness"
+        other_gain = measured.get(other)
+        top = measured[best_side]
+        if other_gain is None or top - other_gain > TIE_SHARE * max(abs(top), abs(other_gain)):
+            side = best_side  # type: ignore[assignment]
+            what = "a short harness search" if side == "harness" else "a few RSFT steps"
+            vs = (
+                f" vs {other_gain:+.3f} for the " + ("weights" if other == "weights" else "harness")
+                if other_gain is not None
+                else ""
+            )
+            why = f"{what} gained {top:+.3f} val mean@k per 1,000 rollouts{vs}"
+        else:
+            why = "both probes gained about as much"
+    elif measured:
+        why = "neither probe improved val mean@k"
+    else:
+        why = "neither probe could be measured"
+    if side == "unclear":
+        if len(h_votes) > len(w_votes):
+            side = "harness"
+            why += f"; the traces point at the harness ({h_votes[0].text.split(':')[0]})"
+        elif len(w_votes) > len(h_votes):
+            side = "weights"
+            why += f"; the traces point at the weights ({w_votes[0].text.split(':')[0]})"
+    if side == "harness":
+        text = (
+            f"The harness is the bottleneck now: {why}. Run a harness phase next "
+            "(switch phase now if a weight phase is running)."
+        )
+    elif side == "weights":
+        text = (
+            f"The weights are the bottleneck now: {why}. Run a weight phase (RSFT) next "
+            "(switch phase now if a harness phase is running)."
+        )
+    else:
+        text = (
+            f"No clear bottleneck: {why}, and the traces do not point at one side. Keep the "
+            "schedule, or probe again with a larger budget."
+        )
+    return Recommendation(side, text, tuple(evidence))
+
+
+# ---------------------------------------------------------------------------- the probe
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """How much each side of a probe may spend; `keep` says which result the run adopts."""
+
+    harness_iterations: int = 3  # the incoming harness re-scored, then 2 proposer iterations
+    weight_steps: int = 3
+    keep: str = "none"  # one of KEEP_MODES; "best" keeps the side that gained more (if > 0)
+    harness: bool = True
+    weights: bool = True
+
+    @classmethod
+    def from_args(
+        cls, args: dict[str, Any] | None, base: ProbeSettings | None = None
+    ) -> ProbeSettings:
+        """Settings from a probe command's args (keep, harness_iterations, weight_steps)."""
+        out = base or cls()
+        if not args:
+            return out
+        changes: dict[str, Any] = {}
+        keep = args.get("keep")
+        if keep is not None:
+            if keep is True:
+                keep = "best"
+            elif keep is False:
+                keep = "none"
+            if keep not in KEEP_MODES:
+                raise ValueError(
+                    f"probe keep: expected one of {', '.join(KEEP_MODES)}, got {keep!r}"
+                )
+            changes["keep"] = keep
+        for key in ("harness_iterations", "weight_steps"):
+            if key in args:
+                value = args[key]
+                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    raise ValueError(f"probe {key}: expected an integer >= 1, got {value!r}")
+                changes[key] = value
+        for key in ("harness", "weights"):
+            if key in args:
+                changes[key] = bool(args[key])
+        return dataclasses.replace(out, **changes)
+
+
+@dataclass
+class SideResult:
+    side: str
+    ran: bool = False
+    val_after: float | None = None
+    rollouts: int = 0  # training rollouts of this side (the denominator of the gain)
+    eval_rollouts: int = 0
+    gain_per_1k: float | None = None
+    note: str = ""
+    error: str = ""
+    artifact: str = ""  # harness: the accepted candidate; weights: the probe's resume folder
+    usage: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class ProbeReport:
+    index: int
+    folder: str
+    harness_path: str
+    k: int
+    val_before: float
+    pass_before: float
+    diagnostics: dict[str, float]
+    harness: SideResult
+    weights: SideResult
+    recommendation: Recommendation
+    keep: str
+    kept: tuple[str, ...] = ()
+    seconds: float = 0.0
+    eval_rollouts: int = 0
+    weight_phase: Any = None  # the probe's RsftPhase when its weights are to be kept
+
+    @property
+    def rollouts(self) -> int:
+        return self.eval_rollouts + self.harness.rollouts + self.weights.rollouts
+
+    def event(self) -> ProbeResult:
+        diag = {
+            k: float(v)
+            for k, v in self.diagnostics.items()
+            if isinstance(v, (int, float)) and math.isfinite(float(v))
+        }
+        diag["val_mean_at_k_before"] = self.val_before
+        if self.harness.val_after is not None:
+            diag["val_mean_at_k_after_harness_probe"] = self.harness.val_after
+        if self.weights.val_after is not None:
+            diag["val_mean_at_k_after_weight_probe"] = self.weights.val_after
+        diag["harness_probe_rollouts"] = float(self.harness.rollouts)
+        diag["weight_probe_rollouts"] = float(self.weights.rollouts)
+        return ProbeResult(
+            harness_gain_per_1k=self.harness.gain_per_1k or 0.0,
+            weight_gain_per_1k=self.weights.gain_per_1k or 0.0,
+            recommendation=self.recommendation.text,
+            evidence=self.recommendation.evidence,
+            diagnostics=diag,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "folder": self.folder,
+            "harness": self.harness_path,
+            "k": self.k,
+            "val_before": self.val_before,
+            "pass_before": self.pass_before,
+            "diagnostics": self.diagnostics,
+            "harness_probe": dataclasses.asdict(self.harness),
+            "weight_probe": dataclasses.asdict(self.weights),
+            "recommendation": dataclasses.asdict(self.recommendation),
+            "keep": self.keep,
+            "kept": list(self.kept),
+            "seconds": round(self.seconds, 3),
+            "eval_rollouts": self.eval_rollouts,
+            "rollouts": self.rollouts,
+        }
+
+
+def _gain(before: float, after: float, rollouts: int) -> float:
+    return (after - before) / max(1, rollouts) * 1000.0
+
+
+def _same_code(a: str | Path, b: str | Path) -> bool:
+    try:
+        return Path(a).read_text(encoding="utf-8") == Path(b).read_text(encoding="utf-8")
+    except OSError:
+        return False
+
+
+def _never() -> bool:
+    return False
+
+
+class BottleneckProbe:
+    """One probe of one run, from its current weights (`backend`, `run_weights`) and harness."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        backend: Backend,
+        domain: Domain,
+        store: RunStore,
+        emit: Callable[[Event], None],
+        *,
+        index: int,
+        harness_path: str | Path,
+        run_weights: Any = None,  # the run's RsftPhase, if it has one
+        settings: ProbeSettings | None = None,
+        cycle: int = 0,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.backend = backend
+        self.domain = domain
+        self.store = store
+        self.emit = emit
+        self.index = index
+        self.harness_path = Path(harness_path)
+        self.run_weights = run_weights
+        self.settings = settings or ProbeSettings()
+        self.cycle = cycle
+        self.should_stop = should_stop or _never
+        self.root = store.root / "probes" / f"probe-{index:03d}"
+        self.k = cfg.sampling.k
+        self.eval_rollouts = 0
+        self.weight_steps: list[WeightStep] = []
+        self._kept_phase: Any = None
+        self._trace_name = f"probe-{index:03d}-val"
+
+    # ------------------------------------------------------------------ plumbing
+    def _side_emit(self, side: str, origin: Path) -> Callable[[Event], None]:
+        """Events of a side's phase, as the run should see them: episodes marked `probe` (with
+        trace paths relative to the run folder), proposer usage, logs; the rest stays here."""
+        run_root = self.store.root
+
+        def emit(ev: Event) -> None:
+            if isinstance(ev, EpisodeFinished):
+                path = ev.trace_path
+                if path and origin != run_root and not Path(path).is_absolute():
+                    path = (origin / path).relative_to(run_root).as_posix()
+                self.emit(dataclasses.replace(ev, phase="probe", trace_path=path))
+            elif isinstance(ev, ProposerUsage):
+                self.emit(ev)
+            elif isinstance(ev, Log):
+                self.emit(dataclasses.replace(ev, message=f"probe ({side}): {ev.message}"))
+            elif isinstance(ev, WeightStep):
+                self.weight_steps.append(ev)
+                self.emit(
+                    Log(
+                        level="info",
+                        message=(
+                            f"probe (weights): step {len(self.weight_steps)}, train reward "
+                            f"{ev.train_reward:.3f}, accept rate {ev.accept_rate:.2f}"
+                        ),
+                    )
+                )
+            elif isinstance(ev, CandidateScored):
+                self.emit(
+                    Log(
+                        level="info",
+                        message=(
+                            f"probe (harness): {ev.candidate_id} {ev.status}, success "
+                            f"{ev.success_rate:.1%} on the harness split"
+                        ),
+                    )
+                )
+
+        return emit
+
+    def _check(self) -> None:
+        if self.should_stop():
+            raise ProbeStopped("stop requested")
+
+    def score_val(self, harness_path: str | Path, label: str) -> tuple[float, float, list]:
+        """Val mean@k and pass@k of a harness under whatever weights the backend serves now."""
+        from whale_lab.evaluate import score_harness
+        from whale_lab.harness.host import harness_name
+
+        tasks = list(self.domain.tasks("val"))
+        writer = self.store.trace_writer(self._trace_name)
+        rel = f"traces/{self._trace_name}.jsonl"
+        name = harness_name(harness_path)
+
+        def sink(trace: EpisodeTrace) -> None:
+            rec = trace.to_dict()
+            rec["info"] = {**rec.get("info", {}), "probe": self.index, "probe_side": label}
+            line = writer.append(rec)
+            self.emit(
+                EpisodeFinished(
+                    phase="probe",
+                    task_id=trace.task_id,
+                    sample=trace.sample,
+                    turns=trace.n_turns,
+                    reward=trace.reward,
+                    stop_reason=trace.stop_reason,
+                    tokens=trace.prompt_tokens + trace.completion_tokens,
+                    harness=name,
+                    trace_path=rel,
+                    trace_line=line,
+                )
+            )
+
+        report = score_harness(
+            self.domain,
+            harness_path,
+            tasks,
+            self.k,
+            self.backend,
+            val_params(self.cfg, 0),
+            sandbox=self.cfg.harness_search.sandbox,
+            max_context_tokens=self.cfg.model.max_context_tokens,
+            batch_episodes=max(1, self.cfg.sampling.batch_size) * 4,
+            on_episode=sink,
+            should_stop=self.should_stop,
+        )
+        if report.rollouts < len(tasks) * self.k:
+            raise ProbeStopped("stop requested during a val evaluation")
+        self.eval_rollouts += report.rollouts
+        return report.mean_at_k, report.pass_at_k, report.traces
+
+    # ------------------------------------------------------------------ the probe
+    def run(self) -> ProbeReport:
+        t0 = time.perf_counter()
+        self.root.mkdir(parents=True, exist_ok=True)
+        keep = self.settings.keep
+        self.emit(
+            Log(
+                level="info",
+                message=(
+                    f"probe {self.index}: measuring val under the current weights and harness "
+                    f"({self.harness_path.name}); then {self.settings.harness_iterations} harness "
+                    f"iterations and {self.settings.weight_steps} RSFT steps"
+                ),
+            )
+        )
+        val0, pass0, traces = self.score_val(self.harness_path, "baseline")
+        diag = probe_diagnostics(traces, domain=self.domain.name, k=self.k)
+        self._check()
+        harness = SideResult("harness")
+        if self.settings.harness:
+            harness = self._harness_side(val0)
+        weights = SideResult("weights")
+        keep_weights = False
+        if self.settings.weights:
+            weights, keep_weights = self._weight_side(val0, harness, keep)
+        signals = read_signals(diag, self.domain.name)
+        rec = recommend(
+            harness.gain_per_1k if harness.ran else None,
+            weights.gain_per_1k if weights.ran else None,
+            signals,
+            harness_note=harness.error or harness.note,
+            weight_note=weights.error or weights.note,
+        )
+        kept: list[str] = []
+        if keep_weights:
+            kept.append("weights")
+        if harness.ran and self._keep_side("harness", keep, harness, weights):
+            if harness.artifact and not _same_code(harness.artifact, self.harness_path):
+                kept.append("harness")
+        report = ProbeReport(
+            index=self.index,
+            folder=str(self.root),
+            harness_path=str(self.harness_path),
+            k=self.k,
+            val_before=val0,
+            pass_before=pass0,
+            diagnostics=diag,
+            harness=harness,
+            weights=weights,
+            recommendation=rec,
+            keep=keep,
+            kept=tuple(kept),
+            seconds=time.perf_counter() - t0,
+            eval_rollouts=self.eval_rollouts,
+            weight_phase=self._kept_phase if keep_weights else None,
+        )
+        atomic_write_json(self.root / "probe.json", report.to_dict())
+        return report
+
+    @staticmethod
+    def _keep_side(side: str, keep: str, harness: SideResult, weights: SideResult) -> bool:
+        if keep in (side, "both"):
+            return True
+        if keep != "best":
+            return False
+        mine = harness if side == "harness" else weights
+        other = weights if side == "harness" else harness
+        if not mine.ran or mine.gain_per_1k is None or mine.gain_per_1k <= GAIN_EPS:
+            return False
+        return not (
+            other.ran and other.gain_per_1k is not None and other.gain_per_1k >= mine.gain_per_1k
+        )
+
+    def _harness_side(self, val0: float) -> SideResult:
+        """A few Meta-Harness iterations in a scratch archive (auto approval)."""
+        from whale_lab.search.approval import ApprovalGate
+        from whale_lab.search.meta_harness import HarnessPhase, HarnessPhaseError
+
+        out = SideResult("harness")
+        folder = self.root / "harness"
+        try:
+            phase = HarnessPhase(
+                self.cfg,
+                self.backend,
+                self.domain,
+                self.store,
+                self._side_emit("harness", self.store.root),
+                None,
+                cycle=self.cycle,
+                phase_dir=folder,
+                gate=ApprovalGate("auto"),
+            )
+            result = phase.run(
+                self.harness_path,
+                iterations=self.settings.harness_iterations,
+                should_stop=self.should_stop,
+            )
+        except HarnessPhaseError as exc:
+            out.error = f"harness probe could not run: {exc}"
+            self.emit(Log(level="warning", message=f"probe {self.index}: {out.error}"))
+            return out
+        if result.status != "completed":
+            raise ProbeStopped("stop requested during the harness probe")
+        out.rollouts = int(result.harness_rollouts)
+        out.usage = dict(result.proposer_usage)
+        out.artifact = result.accepted_path
+        out.ran = True
+        if not result.accepted_path or _same_code(result.accepted_path, self.harness_path):
+            out.val_after = val0
+            out.note = "no candidate beat the current harness on the harness split"
+        else:
+            before = self.eval_rollouts
+            out.val_after, _, _ = self.score_val(result.accepted_path, "harness")
+            out.eval_rollouts = self.eval_rollouts - before
+            out.note = f"best candidate {result.accepted_id}"
+        out.gain_per_1k = _gain(val0, out.val_after, out.rollouts)
+        return out
+
+    def _weight_side(self, val0: float, harness: SideResult, keep: str) -> tuple[SideResult, bool]:
+        """A few RSFT steps on a copy of the trainable weights; restored unless kept."""
+        from whale_lab.weights.lora import WeightsError
+        from whale_lab.weights.rsft import RsftPhase
+
+        out = SideResult("weights")
+        folder = self.root / "weights"
+        scratch = RunStore(folder)
+        try:
+            try:
+                phase = RsftPhase(
+                    self.cfg,
+                    self.backend,
+                    self.domain,
+                    scratch,
+                    self._side_emit("weights", folder),
+                    cycle=self.cycle,
+                )
+            except WeightsError as exc:
+                out.error = f"weight probe could not run: {exc}"
+                self.emit(Log(level="warning", message=f"probe {self.index}: {out.error}"))
+                return out, False
+            import torch
+
+            tm = phase.tm
+            saved = {n: p.detach().clone() for n, p in tm.named_trainable()}
+            adapters_before = set(getattr(self.backend, "adapters", {}) or {})
+            active_before = getattr(self.backend, "active_model", None)
+            run = self.run_weights
+            if run is not None:
+                if run.tm is not tm:  # adapter backends: a local copy; start from the run's
+                    live = dict(tm.named_trainable())
+                    with torch.no_grad():
+                        for n, p in run.tm.named_trainable():
+                            live[n].copy_(p.detach())
+                phase.optimizer.load_state_dict(copy.deepcopy(run.optimizer.state_dict()))
+                phase.sampler.load_state_dict(run.sampler.state_dict())
+                phase.updates = run.updates
+                phase.step = run.step + STEP_OFFSET
+            else:
+                phase.step = STEP_OFFSET
+            phase.next_eval_at = math.inf  # no evaluation inside the probe's steps
+            keep_now = False
+            try:
+                steps = self.settings.weight_steps
+                result = phase.run(
+                    self.harness_path,
+                    epochs=None,
+                    stop_when=lambda history: len(history) >= steps,
+                    should_stop=self.should_stop,
+                    cycle=self.cycle,
+                )
+                if result.reason == "stop":
+                    raise ProbeStopped("stop requested during the weight probe")
+                out.rollouts = int(result.rollouts)
+                out.ran = True
+                out.artifact = str(folder)
+                updates = sum(1 for h in result.history if h.loss is not None)
+                if updates == 0:
+                    out.note = "no rollout was accepted, so the weights did not change"
+                    out.val_after = val0
+                else:
+                    before = self.eval_rollouts
+                    out.val_after, _, _ = self.score_val(self.harness_path, "weights")
+                    out.eval_rollouts = self.eval_rollouts - before
+                    out.note = f"{updates} of {len(result.history)} steps updated the weights"
+                out.gain_per_1k = _gain(val0, out.val_after, out.rollouts)
+                keep_now = updates > 0 and self._keep_side("weights", keep, harness, out)
+                if keep_now:
+                    self._kept_phase = phase
+                return out, keep_now
+            finally:
+                if not keep_now:
+                    with torch.no_grad():
+                        for n, p in tm.named_trainable():
+                            p.copy_(saved[n])
+                    self._restore_served(adapters_before, active_before)
+        finally:
+            scratch.close()
+
+    def _restore_served(self, adapters_before: set[str], active_before: Any) -> None:
+        """Adapter backends: drop the probe's adapters and serve the run's again."""
+        adapters = getattr(self.backend, "adapters", None)
+        if isinstance(adapters, dict):
+            for name in sorted(set(adapters) - adapters_before):
+                try:
+                    self.backend.unload_adapter(name)  # type: ignore[attr-defined]
+                except Exception as exc:  # noqa: BLE001 - a leftover adapter is harmless
+                    self.emit(
+                        Log(
+                            level="warning",
+                            message=f"probe {self.index}: could not unload {name}: {exc}",
+                        )
+                    )
+        if hasattr(self.backend, "active_model"):
+            self.backend.active_model = active_before  # type: ignore[attr-defined]
