@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--domain", choices=["math", "search", "chess"], default=None)
     p.add_argument("--harness", default=None)
     p.add_argument("--resume", default=None, metavar="RUN_DIR", help="resume a killed train run")
+    p.add_argument("--adapter", default=None, metavar="DIR", help="start from this LoRA adapter")
 
     p = sub.add_parser("search", help="harness-only Meta-Harness search on fixed weights (resumable)")
     _add_common(p)
@@ -140,7 +141,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if command == "train":
         from whale_lab.weights.train_cli import run_train
 
-        return run_train(cfg, run_dir=args.resume, resume=args.resume is not None)
+        return run_train(cfg, run_dir=args.resume, resume=args.resume is not None, adapter=args.adapter)
     if command == "search":
         from whale_lab.search.search_cli import run_search
 

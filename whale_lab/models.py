@@ -145,7 +145,7 @@ def load_model_and_tokenizer(name: str, *, dtype: str = "float32", device: str =
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
-    except OSError as exc:
+    except Exception as exc:  # OSError, SafetensorError, ValueError from a damaged or foreign folder
         raise BackendError(f"cannot load model {name!r} (resolved to {path}): {exc}") from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

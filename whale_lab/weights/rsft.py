@@ -1,0 +1,642 @@
+"""The weight phase of WHALE: online rejection-sampling fine-tuning, on-policy, resumable.
+
+One step: the next `prompts_per_step` tasks of the `weight` split from the persistent sampler,
+`samples_per_prompt` rollouts each under the current harness with the current weights, keep the
+rollouts whose reward is above `accept_threshold`, one SFT pass over their turns, and make the new
+weights serve the very next rollouts:
+
+* `hf` backend: the backend's own model object is trained in place (LoRA injected into it), so
+  the next `generate` call reads the new weights with no copy, reload or sync.
+* adapter backends (`openai` against vLLM, or any backend with `load_adapter(path, name)`):
+  a local copy of the base model is trained, the adapter is saved after each update and loaded
+  into the server as `step-<n>` before the next rollouts.
+
+After every completed step a resume point (weights, optimizer state, sampler position, phase
+state) is written, so a run killed at any moment resumes from its last completed step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from whale_lab.backends.base import Backend, BackendError, SamplingParams
+from whale_lab.config import Config
+from whale_lab.domains.base import Domain, Task
+from whale_lab.events import (
+    CheckpointSaved,
+    EpisodeFinished,
+    EvalResult,
+    Event,
+    Log,
+    PhaseProgress,
+    WeightStep,
+)
+from whale_lab.store import RunStore
+from whale_lab.trace import EpisodeTrace
+from whale_lab.weights.checkpoint import Checkpointer, CheckpointError
+from whale_lab.weights.lora import TrainableModel, WeightsError, attach, load_adapter_weights
+from whale_lab.weights.sampler import PromptSampler
+from whale_lab.weights.sft import SftStats, accept, build_examples, end_token_id, sft_pass
+
+STATE_VERSION = 1
+StopWhen = Callable[[Sequence[WeightStep]], bool]
+
+
+@dataclass(frozen=True)
+class PhaseResult:
+    """What one call of `RsftPhase.run` did, for the engine's schedules and ledgers."""
+
+    reason: str  # "budget" | "stop_when" | "stop"
+    steps: int  # steps completed in this phase (across a resume)
+    first_step: int  # global step counter when the phase began
+    last_step: int  # global step counter now
+    epochs: float  # epochs of the weight split consumed in this phase
+    rollouts: int  # weight rollouts in this phase
+    kept: int
+    mean_train_reward: float | None
+    history: tuple[WeightStep, ...]
+    best_val: float | None = None
+    best_checkpoint: str = ""
+
+
+@dataclass
+class EvalRecord:
+    step: int
+    epoch: float
+    val: float
+    test: float | None
+    checkpoint: str
+    harness: str
+
+
+def _mix_seed(*parts: int) -> int:
+    """A stable 31-bit seed from integers (sampling seeds per step are reproducible on resume)."""
+    h = 1469598103934665603
+    for p in parts:
+        h = ((h ^ (p & 0xFFFFFFFFFFFF)) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h % (2**31 - 1)
+
+
+class RsftPhase:
+    """Online RSFT over one run; `run` is called once per weight phase and can be resumed."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        backend: Backend,
+        domain: Domain,
+        store: RunStore,
+        emit: Callable[[Event], None] | None = None,
+        *,
+        cycle: int = 0,
+        init_adapter: str | Path | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.backend = backend
+        self.domain = domain
+        self.store = store
+        self.emit = emit if emit is not None else store.emit
+        self.cycle = cycle
+        self.harness_rollouts = 0  # set by the engine, reported beside evaluations
+        self.weight_tasks: list[Task] = list(domain.tasks("weight"))
+        self.sampler = PromptSampler([t.id for t in self.weight_tasks], seed=cfg.run.seed)
+        self.tm, self.mode = self._trainable()
+        self.eos_id = end_token_id(self.tm.tokenizer, self.tm.base)
+        pad = self.tm.tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else self.eos_id)
+        import torch
+
+        self.optimizer = torch.optim.AdamW(
+            self.tm.parameters(),
+            lr=cfg.rsft.learning_rate,
+            weight_decay=cfg.rsft.weight_decay,
+        )
+        self.ckpt = Checkpointer(store.root / "weights")
+        # the phase state (plain JSON; saved with every resume point)
+        self.step = 0
+        self.rollouts = 0
+        self.eval_rollouts = 0
+        self.updates = 0  # steps that changed the weights
+        self.next_eval_at = self._eval_interval()
+        self.best: dict[str, Any] | None = None
+        self.evals: list[EvalRecord] = []
+        self._phase: dict[str, Any] | None = None
+        self._resume_dir: str | None = None
+        self.init_adapter = str(init_adapter) if init_adapter else ""
+        if init_adapter:
+            load_adapter_weights(self.tm, init_adapter)
+            self.updates = 1
+        self._served: str | None = None  # adapter name the server currently generates with
+        self.last_publish_seconds = 0.0
+        self.last_sft: SftStats | None = None
+
+    # ------------------------------------------------------------------ setup
+    def _trainable(self) -> tuple[TrainableModel, str]:
+        be = self.backend
+        model = getattr(be, "model", None)
+        tok = getattr(be, "tokenizer", None)
+        if model is not None and tok is not None:
+            return attach(model, tok, self.cfg), "in_place"
+        if callable(getattr(be, "load_adapter", None)):
+            if self.cfg.rsft.full_finetune or not self.cfg.model.lora.enabled:
+                raise WeightsError(
+                    f"rsft.full_finetune with the {getattr(be, 'name', '?')} backend: a server can "
+                    "only take new weights as a LoRA adapter; use LoRA (model.lora.enabled = true) "
+                    "or the hf backend"
+                )
+            from whale_lab.models import load_model_and_tokenizer
+
+            try:
+                model, tok = load_model_and_tokenizer(
+                    self.cfg.model.path, dtype=self.cfg.model.dtype, device=self.cfg.model.device
+                )
+            except BackendError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - corrupt files surface as many types
+                raise WeightsError(
+                    f"model.path {self.cfg.model.path!r}: cannot load the weights to train: {exc}"
+                ) from None
+            return attach(model, tok, self.cfg), "adapter"
+        raise WeightsError(
+            f"the {getattr(be, 'name', type(be).__name__)} backend cannot serve trained weights: "
+            "it exposes neither its model (hf) nor load_adapter (openai/vLLM)"
+        )
+
+    def _eval_interval(self) -> float:
+        """Prompts between evaluations (eval_every is a fraction of an epoch)."""
+        return max(1.0, self.cfg.rsft.eval_every * len(self.weight_tasks))
+
+    @property
+    def epoch(self) -> float:
+        return self.sampler.epochs_done
+
+    def steps_for(self, epochs: float) -> int:
+        """Steps that make up `epochs` epochs of the weight split (at least one)."""
+        return max(1, round(epochs * len(self.weight_tasks) / self.cfg.rsft.prompts_per_step))
+
+    # ------------------------------------------------------------------ harness host
+    def _open_host(self, harness_path: str | Path) -> Any:
+        from whale_lab.harness import HarnessHost
+
+        return HarnessHost(harness_path, self.domain.name, self.cfg.harness_search.sandbox)
+
+    # ------------------------------------------------------------------ the phase
+    def run(
+        self,
+        harness_path: str | Path,
+        epochs: float | None = None,
+        stop_when: StopWhen | None = None,
+        should_stop: Callable[[], bool] | None = None,
+        *,
+        cycle: int | None = None,
+        eval_at_start: bool = False,
+        final_eval: bool = False,
+    ) -> PhaseResult:
+        """Train under `harness_path` until the budget is spent, `stop_when(steps)` says so, or
+        `should_stop()` turns true. A phase interrupted by `should_stop` (or a kill) continues
+        where it was on the next call; `end_phase()` drops it instead.
+
+        `epochs` is the phase budget (steps = epochs x |weight split| / prompts_per_step);
+        `stop_when` receives this phase's WeightStep events after every step (adaptive schedule).
+        """
+        if epochs is None and stop_when is None and self._phase is None:
+            raise ValueError("RsftPhase.run needs a budget: epochs, stop_when or both")
+        if cycle is not None:
+            self.cycle = cycle
+        if self._phase is None:
+            self._phase = {
+                "start_step": self.step,
+                "start_drawn": self.sampler.drawn,
+                "target_steps": None if epochs is None else self.steps_for(epochs),
+                "epochs": epochs,
+                "harness": str(harness_path),
+                "history": [],
+            }
+        phase = self._phase
+        host = self._open_host(harness_path)
+        name = str(getattr(host.info, "name", Path(harness_path).stem))
+        reason = "stop"
+        try:
+            self._publish(initial=True)
+            if eval_at_start and not self.evals and self.step == 0:
+                if self._evaluate(harness_path, name, host, should_stop) is None:
+                    return self._result(reason)
+            while True:
+                if should_stop is not None and should_stop():
+                    break
+                if self.sampler.drawn >= self.next_eval_at:
+                    if self._evaluate(harness_path, name, host, should_stop) is None:
+                        break
+                history = self._history()
+                target = phase["target_steps"]
+                if target is not None and self.step - phase["start_step"] >= target:
+                    reason = "budget"
+                    break
+                if stop_when is not None and history and stop_when(history):
+                    reason = "stop_when"
+                    break
+                if self._step(host, name, should_stop) is None:
+                    break
+            if (
+                reason != "stop"
+                and final_eval
+                and (not self.evals or self.evals[-1].step != self.step)
+            ):
+                if self._evaluate(harness_path, name, host, should_stop) is None:
+                    reason = "stop"
+        finally:
+            host.close()
+        result = self._result(reason)
+        if reason != "stop":
+            self.end_phase()
+        return result
+
+    def end_phase(self) -> None:
+        """Close the current phase (e.g. after a switch command) so the next run starts anew."""
+        if self._phase is not None:
+            self._phase = None
+            self._persist()
+
+    @property
+    def phase_active(self) -> bool:
+        return self._phase is not None
+
+    def _history(self) -> list[WeightStep]:
+        if self._phase is None:
+            return []
+        return [WeightStep(**h) for h in self._phase["history"]]
+
+    def _result(self, reason: str) -> PhaseResult:
+        phase = self._phase or {
+            "start_step": self.step,
+            "start_drawn": self.sampler.drawn,
+            "history": [],
+        }
+        hist = tuple(self._history())
+        rewards = [h.train_reward for h in hist]
+        best = self.best or {}
+        return PhaseResult(
+            reason=reason,
+            steps=self.step - phase["start_step"],
+            first_step=phase["start_step"],
+            last_step=self.step,
+            epochs=(self.sampler.drawn - phase["start_drawn"]) / len(self.weight_tasks),
+            rollouts=sum(h.rollouts for h in hist),
+            kept=sum(h.kept for h in hist),
+            mean_train_reward=sum(rewards) / len(rewards) if rewards else None,
+            history=hist,
+            best_val=best.get("val_mean_at_k"),
+            best_checkpoint=str(best.get("path", "")),
+        )
+
+    # ------------------------------------------------------------------ one step
+    def sampling_params(self, seed: int) -> SamplingParams:
+        s = self.cfg.sampling
+        return SamplingParams(
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            max_new_tokens=s.max_new_tokens,
+            seed=seed,
+        )
+
+    def _episode_sink(
+        self, trace_name: str, phase: str, harness: str, extra: dict[str, Any]
+    ) -> Callable[[EpisodeTrace], None]:
+        writer = self.store.trace_writer(trace_name)
+        rel = f"traces/{trace_name}.jsonl"
+
+        def sink(trace: EpisodeTrace) -> None:
+            rec = trace.to_dict()
+            rec["info"] = {**rec.get("info", {}), **extra}
+            line = writer.append(rec)
+            self.emit(
+                EpisodeFinished(
+                    phase=phase,
+                    task_id=trace.task_id,
+                    sample=trace.sample,
+                    turns=trace.n_turns,
+                    reward=trace.reward,
+                    stop_reason=trace.stop_reason,
+                    tokens=trace.prompt_tokens + trace.completion_tokens,
+                    harness=harness,
+                    trace_path=rel,
+                    trace_line=line,
+                )
+            )
+
+        return sink
+
+    def _step(
+        self, host: Any, harness_name: str, should_stop: Callable[[], bool] | None
+    ) -> WeightStep | None:
+        """One RSFT step; None (and nothing counted) when stopped before its rollouts finished."""
+        from whale_lab.rollout import run_episodes
+
+        rs = self.cfg.rsft
+        t0 = time.perf_counter()
+        before = self.sampler.state_dict()
+        n = self.step + 1
+        tasks = [self.weight_tasks[i] for i in self.sampler.draw(rs.prompts_per_step)]
+        jobs = [(t, s) for t in tasks for s in range(rs.samples_per_prompt)]
+        self.tm.eval()
+        sink = self._episode_sink(
+            "weight", "weight", harness_name, {"rsft_step": n, "cycle": self.cycle}
+        )
+        traces = run_episodes(
+            jobs,
+            self.domain,
+            host,
+            self.backend,
+            self.sampling_params(_mix_seed(self.cfg.run.seed, n)),
+            max_context_tokens=self.cfg.model.max_context_tokens,
+            on_episode=sink,
+            should_stop=should_stop,
+        )
+        if len(traces) < len(jobs):  # stopped mid-rollout: the step never happened
+            self.sampler.load_state_dict(before)
+            return None
+        kept = accept(traces, rs.accept_threshold)
+        stats = self.update(kept, seed=_mix_seed(self.cfg.run.seed, n, 7))
+        self.step = n
+        self.rollouts += len(traces)
+        if stats.minibatches - stats.skipped_nonfinite > 0:
+            self.updates += 1
+            self._publish()
+        rewards = [t.reward for t in traces]
+        ev = WeightStep(
+            cycle=self.cycle,
+            step=n,
+            epoch=round(self.epoch, 6),
+            train_reward=sum(rewards) / len(rewards) if rewards else 0.0,
+            accept_rate=len(kept) / len(traces) if traces else 0.0,
+            kept=len(kept),
+            loss=stats.loss,
+            tokens=stats.tokens,
+            grad_norm=stats.grad_norm,
+            step_seconds=round(time.perf_counter() - t0, 4),
+            rollouts=len(traces),
+        )
+        assert self._phase is not None
+        self._phase["history"].append({k: v for k, v in ev.to_dict().items() if k != "type"})
+        self._persist(new_weights=True)
+        self.emit(ev)
+        phase = self._phase
+        budget = phase["epochs"] if phase["epochs"] is not None else 0.0
+        self.emit(
+            PhaseProgress(
+                cycle=self.cycle,
+                phase="weight",
+                done=(self.sampler.drawn - phase["start_drawn"]) / len(self.weight_tasks),
+                budget=float(budget),
+            )
+        )
+        return ev
+
+    def update(self, kept: Sequence[EpisodeTrace], *, seed: int = 0) -> SftStats:
+        """One SFT pass over the turns of accepted traces; no examples means no update."""
+        encode = getattr(self.backend, "encode_chat", None) if self.mode == "in_place" else None
+        examples = build_examples(
+            kept,
+            self.tm.tokenizer,
+            eos_id=self.eos_id,
+            max_length=self.cfg.model.max_context_tokens,
+            encode=encode,
+        )
+        stats = sft_pass(
+            self.tm.model,
+            self.optimizer,
+            examples,
+            minibatch_size=self.cfg.rsft.minibatch_size,
+            max_grad_norm=self.cfg.rsft.max_grad_norm,
+            pad_id=self.pad_id,
+            params=self.tm.parameters(),
+            seed=seed,
+        )
+        self.tm.eval()
+        self.last_sft = stats
+        return stats
+
+    # ------------------------------------------------------------------ serving new weights
+    def _publish(self, initial: bool = False) -> None:
+        """Make the current weights the ones the backend generates with (adapter backends)."""
+        if self.mode != "adapter":
+            self.last_publish_seconds = 0.0  # in place: the backend already holds these weights
+            return
+        if initial and (self._served is not None or self.updates == 0):
+            return
+        t0 = time.perf_counter()
+        path = self.ckpt.save_served(self.step, self.tm)
+        name = f"step-{self.step}"  # a name the server already holds is replaced by the backend
+        self.backend.load_adapter(str(path), name=name)  # type: ignore[attr-defined]
+        self._served = name
+        self.last_publish_seconds = time.perf_counter() - t0
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(
+        self, harness_path: str | Path, should_stop: Callable[[], bool] | None = None
+    ) -> EvalRecord | None:
+        """Evaluate now on val and test (outside `run`), with a checkpoint and best tracking."""
+        host = self._open_host(harness_path)
+        try:
+            self._publish(initial=True)
+            name = str(getattr(host.info, "name", Path(harness_path).stem))
+            return self._evaluate(harness_path, name, host, should_stop)
+        finally:
+            host.close()
+
+    def _evaluate(
+        self,
+        harness_path: str | Path,
+        harness_name: str,
+        host: Any,
+        should_stop: Callable[[], bool] | None,
+    ) -> EvalRecord | None:
+        from whale_lab.evaluate import score_harness
+
+        self.tm.eval()
+        k = self.cfg.sampling.k
+        reports = {}
+        for i, split in enumerate(("val", "test")):
+            tasks = self.domain.tasks(split)  # type: ignore[arg-type]
+            sink = self._episode_sink(
+                f"eval-{split}", "eval", harness_name, {"rsft_step": self.step, "cycle": self.cycle}
+            )
+            report = score_harness(
+                self.domain,
+                harness_path,
+                tasks,
+                k,
+                self.backend,
+                self.sampling_params(_mix_seed(self.cfg.run.seed, 1_000_003, i)),
+                sandbox=self.cfg.harness_search.sandbox,
+                max_context_tokens=self.cfg.model.max_context_tokens,
+                batch_episodes=max(1, self.cfg.sampling.batch_size) * 4,
+                on_episode=sink,
+                should_stop=should_stop,
+                host=host,
+            )
+            if report.rollouts < len(tasks) * k:
+                return None  # stopped: an evaluation on part of a split is not a score
+            self.eval_rollouts += report.rollouts
+            reports[split] = report
+        val, test = reports["val"], reports["test"]
+        meta = {
+            "step": self.step,
+            "epoch": self.epoch,
+            "cycle": self.cycle,
+            "harness": str(harness_path),
+            "val_mean_at_k": val.mean_at_k,
+            "test_mean_at_k": test.mean_at_k,
+            "k": k,
+        }
+        path = self.ckpt.save_eval(self.step, self.tm, meta)
+        is_best = self.best is None or val.mean_at_k > float(self.best["val_mean_at_k"])
+        for split, rep in reports.items():
+            self.emit(
+                EvalResult(
+                    split=split,
+                    cycle=self.cycle,
+                    phase="weight",
+                    mean_at_k=rep.mean_at_k,
+                    pass_at_k=rep.pass_at_k,
+                    k=k,
+                    n_tasks=rep.n_tasks,
+                    harness=harness_name,
+                    checkpoint=str(path),
+                    weight_rollouts=self.rollouts,
+                    harness_rollouts=self.harness_rollouts,
+                    diagnostics={
+                        key: float(v)
+                        for key, v in rep.diagnostics.items()
+                        if isinstance(v, (int, float)) and math.isfinite(float(v))
+                    },
+                )
+            )
+        if is_best:
+            self.best = {
+                "step": self.step,
+                "epoch": self.epoch,
+                "path": str(path),
+                "val_mean_at_k": val.mean_at_k,
+                "test_mean_at_k": test.mean_at_k,
+                "harness": str(harness_path),
+                "cycle": self.cycle,
+            }
+            self.ckpt.write_best(self.best)
+        self.emit(
+            CheckpointSaved(
+                path=str(path), step=self.step, val_mean_at_k=val.mean_at_k, best=is_best
+            )
+        )
+        rec = EvalRecord(
+            step=self.step,
+            epoch=self.epoch,
+            val=val.mean_at_k,
+            test=test.mean_at_k,
+            checkpoint=str(path),
+            harness=str(harness_path),
+        )
+        self.evals.append(rec)
+        interval = self._eval_interval()
+        while self.next_eval_at <= self.sampler.drawn:
+            self.next_eval_at += interval
+        self._persist()
+        return rec
+
+    # ------------------------------------------------------------------ resume
+    def state_dict(self) -> dict[str, Any]:
+        """Plain JSON: counters, sampler position, evaluations, the open phase, and the folder
+        holding the matching weights and optimizer state (`resume_dir`)."""
+        return {
+            "version": STATE_VERSION,
+            "step": self.step,
+            "cycle": self.cycle,
+            "rollouts": self.rollouts,
+            "eval_rollouts": self.eval_rollouts,
+            "updates": self.updates,
+            "sampler": self.sampler.state_dict(),
+            "next_eval_at": self.next_eval_at,
+            "best": self.best,
+            "evals": [dataclasses.asdict(e) for e in self.evals],
+            "phase": self._phase,
+            "lora": self.tm.lora,
+            "init_adapter": self.init_adapter,
+            "resume_dir": self._resume_dir,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore counters, sampler position and (from `resume_dir`) weights and optimizer."""
+        if int(state.get("version", -1)) != STATE_VERSION:
+            raise CheckpointError(
+                f"weight-phase state version {state.get('version')!r} is not "
+                f"{STATE_VERSION}: made by another whale-lab version"
+            )
+        if bool(state.get("lora")) != self.tm.lora:
+            raise CheckpointError(
+                "the saved run trained "
+                + ("LoRA" if state.get("lora") else "all weights")
+                + "; this config does the other (rsft.full_finetune / model.lora)"
+            )
+        resume_dir = state.get("resume_dir")
+        if resume_dir:
+            saved = self.ckpt.load_resume(resume_dir, self.tm, self.optimizer)
+            if int(saved.get("step", -1)) != int(state["step"]):
+                raise CheckpointError(
+                    f"resume point {resume_dir} holds step {saved.get('step')}, "
+                    f"the state says step {state['step']}"
+                )
+        elif int(state.get("step", 0)) > 0:
+            raise CheckpointError(f"state at step {state['step']} names no weights to resume from")
+        self.sampler.load_state_dict(state["sampler"])
+        self.step = int(state["step"])
+        self.cycle = int(state.get("cycle", self.cycle))
+        self.rollouts = int(state.get("rollouts", 0))
+        self.eval_rollouts = int(state.get("eval_rollouts", 0))
+        self.updates = int(state.get("updates", 0))
+        self.next_eval_at = float(state.get("next_eval_at", self._eval_interval()))
+        self.best = state.get("best")
+        self.evals = [EvalRecord(**e) for e in state.get("evals", [])]
+        self._phase = state.get("phase")
+        self.init_adapter = str(state.get("init_adapter", ""))
+        self._resume_dir = resume_dir
+        self._served = None
+        self.tm.eval()
+
+    def resume(self) -> bool:
+        """Load the newest complete resume point of this run; False when there is none."""
+        latest = self.ckpt.latest()
+        if latest is None:
+            return False
+        from whale_lab.store import read_json
+
+        state = read_json(Path(latest["path"]) / "state.json")
+        if not isinstance(state, dict):
+            raise CheckpointError(f"resume point {latest['path']} has no readable state.json")
+        state = {**state, "resume_dir": latest["path"]}
+        self.load_state_dict(state)
+        self.emit(
+            Log(
+                level="info",
+                message=f"weights resumed at step {self.step} "
+                f"(epoch {self.epoch:.3f}) from {latest['path']}",
+            )
+        )
+        return True
+
+    def _persist(self, new_weights: bool = False) -> None:
+        """Write the resume point: a new folder when weights changed, else just its state."""
+        state = self.state_dict()
+        state.pop("resume_dir", None)
+        latest = self.ckpt.latest()
+        if not new_weights and latest is not None and latest["step"] == self.step:
+            self.ckpt.update_state(latest["path"], state)
+            self._resume_dir = latest["path"]
+            return
+        self._resume_dir = str(self.ckpt.save_resume(self.step, self.tm, self.optimizer, state))
