@@ -41,24 +41,9 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PENDING, EXIT_STOPPED = 0, 1, 2, 3, 130
 
 def user_error_types() -> tuple[type[BaseException], ...]:
     """Errors caused by a user's input or environment: one line, no traceback."""
-    from whale_lab.backends.base import BackendError
-    from whale_lab.config import ConfigError
-    from whale_lab.engine.engine import EngineError
+    from whale_lab.errors import WhaleLabError
 
-    types: list[type[BaseException]] = [EngineError, ConfigError, BackendError, FileNotFoundError]
-    for module, name in (
-        ("whale_lab.harness.host", "HarnessLoadError"),
-        ("whale_lab.domains.errors", "DataError"),
-        ("whale_lab.weights.lora", "WeightsError"),
-        ("whale_lab.weights.sampler", "SamplerStateError"),
-        ("whale_lab.search.meta_harness", "HarnessPhaseError"),
-    ):
-        try:
-            mod = __import__(module, fromlist=[name])
-            types.append(getattr(mod, name))
-        except (ImportError, AttributeError):  # pragma: no cover - a module being rewritten
-            continue
-    return tuple(types)
+    return (WhaleLabError, FileNotFoundError)
 
 
 # ---------------------------------------------------------------------------- display
