@@ -98,4 +98,5 @@ class Domain(ABC):
         """Turn parse_action's return value (str, dict or None) into an Action."""
 
     def close(self) -> None:
-        """Release resources (servers, subprocesses)."""
+        """Release resources (servers, subprocesses); nothing by default."""
+        return None

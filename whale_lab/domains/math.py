@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from whale_lab.domains.actions import normalise_answer_or_tool
 from whale_lab.domains.base import SPLITS, Action, Domain, Env, Split, StepOutcome, Task
 from whale_lab.domains.interpreter import InterpreterLimits, run_python
 from whale_lab.domains.loaders import load_math_file, split_indices
@@ -45,44 +46,14 @@ def verify_math(prediction: Any, gold: Any) -> bool:
 
 def normalise_math_action(raw: Any, tools: Sequence[str] = TOOLS) -> Action:
     """parse_action's return value -> Action (shared by math-like domains)."""
-    if raw is None:
-        return Action(kind="invalid", reason="no answer or tool call found in the reply")
-    if isinstance(raw, str):
-        if not raw.strip():
-            return Action(kind="invalid", reason="empty answer")
-        return Action(kind="answer", value=raw.strip())
-    if not isinstance(raw, Mapping):
-        return Action(
-            kind="invalid",
-            reason=f"parse_action returned {type(raw).__name__}; expected str, dict or None",
-        )
-    kind = raw.get("type")
-    if kind == "answer":
-        content = raw.get("content")
-        if content is None or isinstance(content, (dict, list)) or not str(content).strip():
-            return Action(kind="invalid", reason="answer action without content")
-        return Action(kind="answer", value=str(content).strip())
-    if kind == "tool":
-        name = raw.get("name")
-        if name not in tools:
-            return Action(
-                kind="invalid",
-                reason=f"unknown tool {name!r}; this domain offers: {', '.join(tools)}",
-            )
-        args = raw.get("arguments", {})
-        if isinstance(args, str):
-            args = {"code": args}
-        if not isinstance(args, Mapping):
-            return Action(kind="invalid", reason="tool arguments must be a dict")
+
+    def read_tool(name: str, args: Mapping[str, Any]) -> Action:
         code = args.get("code")
         if not isinstance(code, str) or not code.strip():
             return Action(kind="invalid", reason="python tool call without code")
         return Action(kind="tool", tool="python", args={"code": code})
-    if kind == "invalid":
-        return Action(kind="invalid", reason=str(raw.get("reason", "")) or "invalid reply")
-    if kind == "move":
-        return Action(kind="invalid", reason="math has no moves; give an answer or a tool call")
-    return Action(kind="invalid", reason=f"unknown action type {kind!r}")
+
+    return normalise_answer_or_tool(raw, tools, read_tool, domain="math", default_arg="code")
 
 
 class MathEnv(Env):

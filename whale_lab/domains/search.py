@@ -14,6 +14,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from whale_lab.domains.actions import normalise_answer_or_tool
 from whale_lab.domains.base import SPLITS, Action, Domain, Env, Split, StepOutcome, Task
 from whale_lab.domains.bm25 import BM25Index
 from whale_lab.domains.encyclopedia import Encyclopedia, Question, default_encyclopedia
@@ -110,35 +111,8 @@ def _golds(answer: Any) -> list[str]:
 
 def normalise_search_action(raw: Any) -> Action:
     """parse_action's return value -> Action; topk defaults to 3 and is clipped to 1..10."""
-    if raw is None:
-        return Action(kind="invalid", reason="no answer or search call found in the reply")
-    if isinstance(raw, str):
-        if not raw.strip():
-            return Action(kind="invalid", reason="empty answer")
-        return Action(kind="answer", value=raw.strip())
-    if not isinstance(raw, Mapping):
-        return Action(
-            kind="invalid",
-            reason=f"parse_action returned {type(raw).__name__}; expected str, dict or None",
-        )
-    kind = raw.get("type")
-    if kind == "answer":
-        content = raw.get("content")
-        if content is None or isinstance(content, (dict, list)) or not str(content).strip():
-            return Action(kind="invalid", reason="answer action without content")
-        return Action(kind="answer", value=str(content).strip())
-    if kind == "tool":
-        name = raw.get("name")
-        if name not in TOOLS:
-            return Action(
-                kind="invalid",
-                reason=f"unknown tool {name!r}; this domain offers: {', '.join(TOOLS)}",
-            )
-        args = raw.get("arguments", {})
-        if isinstance(args, str):
-            args = {"query": args}
-        if not isinstance(args, Mapping):
-            return Action(kind="invalid", reason="tool arguments must be a dict")
+
+    def read_tool(name: str, args: Mapping[str, Any]) -> Action:
         query = args.get("query")
         if not isinstance(query, str) or not query.strip():
             return Action(kind="invalid", reason="search call without a query")
@@ -151,11 +125,8 @@ def normalise_search_action(raw: Any) -> Action:
             return Action(kind="invalid", reason=f"topk must be an integer, got {topk_raw!r}")
         topk = max(1, min(MAX_TOPK, int(topk_raw)))
         return Action(kind="tool", tool="search", args={"query": query.strip(), "topk": topk})
-    if kind == "invalid":
-        return Action(kind="invalid", reason=str(raw.get("reason", "")) or "invalid reply")
-    if kind == "move":
-        return Action(kind="invalid", reason="search has no moves; give an answer or a search")
-    return Action(kind="invalid", reason=f"unknown action type {kind!r}")
+
+    return normalise_answer_or_tool(raw, TOOLS, read_tool, domain="search", default_arg="query")
 
 
 # ------------------------------------------------------------------ environment
