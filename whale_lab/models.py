@@ -146,7 +146,7 @@ def load_model_and_tokenizer(name: str, *, dtype: str = "float32", device: str =
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
     except Exception as exc:  # OSError, SafetensorError, ValueError from a damaged or foreign folder
-        raise BackendError(f"cannot load model {name!r} (resolved to {path}): {exc}") from None
+        raise BackendError(f"model.path {name!r}: cannot load the model from {path}: {exc}") from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
