@@ -40,17 +40,32 @@ def test_shipped_model_loads_offline_and_generates(monkeypatch: pytest.MonkeyPat
     model, tok = load_model_and_tokenizer("micro")
     assert tok.chat_template == CHAT_TEMPLATE
     assert 1e5 < sum(p.numel() for p in model.parameters()) < 1e7
-    messages = [{"role": "user", "content": "Answer the question. To search, write "
-                 "<search>your query</search>. When you know the answer, write "
-                 "<answer>the answer</answer>.\nQuestion: In which year was Kato Brell born?"}]
-    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    ids = tok(text, return_tensors="pt", add_special_tokens=False)
-    with torch.no_grad():
-        out = model.generate(**ids, max_new_tokens=24, do_sample=False,
-                             pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    reply = tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
-    # the pre-trained model knows the search format and the entity to look up
-    assert "<search>" in reply and "Kato Brell" in reply
+
+    def greedy(content: str) -> str:
+        messages = [{"role": "user", "content": content}]
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        ids = tok(text, return_tensors="pt", add_special_tokens=False)
+        with torch.no_grad():
+            out = model.generate(
+                **ids,
+                max_new_tokens=32,
+                do_sample=False,
+                pad_token_id=tok.pad_token_id,
+                eos_token_id=tok.eos_token_id,
+            )
+        return tok.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
+
+    # the pre-trained model knows the base harnesses' formats and copies from the question
+    reply = greedy(
+        "A cyclist travels at 74 kilometres per hour for 2 hours. How many kilometres does it "
+        "travel?\nPut your final answer in \\boxed{}."
+    )
+    assert reply.startswith("<python>") and "74 * 2" in reply
+    reply = greedy(
+        "Answer the question. To search, write <search>your query</search>. When you know the "
+        "answer, write <answer>the answer</answer>.\nQuestion: Who founded Drovan Looms?"
+    )
+    assert reply.startswith("<search>") and reply.endswith("</search>") and "Drovan" in reply
 
 
 def test_lora_attaches_to_the_shipped_model() -> None:
@@ -61,8 +76,13 @@ def test_lora_attaches_to_the_shipped_model() -> None:
 
     model, tok = load_model_and_tokenizer("micro")
     peft_model = get_peft_model(
-        model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj",
-                                                             "o_proj"], task_type="CAUSAL_LM")
+        model,
+        LoraConfig(
+            r=4,
+            lora_alpha=8,
+            target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+            task_type="CAUSAL_LM",
+        ),
     )
     trainable = [n for n, p in peft_model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
@@ -229,9 +249,30 @@ def test_pretrain_runs_end_to_end_and_lowers_the_loss(tmp_path: Path) -> None:
     from whale_lab.models import load_model_and_tokenizer
 
     args = _pretrain_args(
-        "--minutes", "5", "--out", str(tmp_path / "model"), "--seed", "1", "--steps", "40",
-        "--math", "30", "--search", "30", "--chess", "0", "--hidden", "32", "--layers", "1",
-        "--vocab", "400", "--threads", "1", "--batch-tokens", "2048",
+        "--minutes",
+        "5",
+        "--out",
+        str(tmp_path / "model"),
+        "--seed",
+        "1",
+        "--steps",
+        "40",
+        "--math",
+        "30",
+        "--search",
+        "30",
+        "--chess",
+        "0",
+        "--hidden",
+        "32",
+        "--layers",
+        "1",
+        "--vocab",
+        "400",
+        "--threads",
+        "1",
+        "--batch-tokens",
+        "2048",
     )
     cfg = P.config_from_args(args)
     info = P.pretrain(cfg, log=lambda msg: None)

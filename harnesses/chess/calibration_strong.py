@@ -58,8 +58,11 @@ def format_observation(observation, **kw):
     if not moves:
         return text
     squares = _pieces(fen)
-    lines = ["You play " + side + ". Opponent's last move: " + last + ".", "FEN: " + fen,
-             "Legal moves:"]
+    lines = [
+        "You play " + side + ". Opponent's last move: " + last + ".",
+        "FEN: " + fen,
+        "Legal moves:",
+    ]
     for uci, san in moves:
         notes = []
         if "x" in san:

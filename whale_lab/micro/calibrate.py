@@ -86,20 +86,35 @@ def calibrate_domain(
 
     def score(path: Path, label: str) -> float:
         report = score_harness(
-            domain, path, val, k, backend, params,
+            domain,
+            path,
+            val,
+            k,
+            backend,
+            params,
             sandbox=cfg.harness_search.sandbox,
             max_context_tokens=cfg.model.max_context_tokens,
             batch_episodes=max(cfg.sampling.batch_size, 1) * 4,
         )
-        diagnostics[label] = {key: round(float(v), 4) for key, v in report.diagnostics.items()
-                              if isinstance(v, (int, float))}
-        log(f"  {domain_name:6s} {label:13s} mean@{k} {report.mean_at_k:.3f}  "
-            f"pass@{k} {report.pass_at_k:.3f}  ({report.seconds:.0f}s)")
+        diagnostics[label] = {
+            key: round(float(v), 4)
+            for key, v in report.diagnostics.items()
+            if isinstance(v, (int, float))
+        }
+        log(
+            f"  {domain_name:6s} {label:13s} mean@{k} {report.mean_at_k:.3f}  "
+            f"pass@{k} {report.pass_at_k:.3f}  ({report.seconds:.0f}s)"
+        )
         return float(report.mean_at_k)
 
     try:
-        row = CalibrationRow(domain=domain_name, n_tasks=len(val), k=k,
-                             h0=score(h0_path, "h0"), strong=score(strong_path, "strong"))
+        row = CalibrationRow(
+            domain=domain_name,
+            n_tasks=len(val),
+            k=k,
+            h0=score(h0_path, "h0"),
+            strong=score(strong_path, "strong"),
+        )
         if rsft_epochs > 0:
             from whale_lab.store import RunStore
             from whale_lab.weights.rsft import RsftPhase
@@ -111,8 +126,10 @@ def calibrate_domain(
                 store.close()
             row.rsft_epochs = rsft_epochs
             row.rsft_rollouts = int(result.rollouts)
-            log(f"  {domain_name:6s} rsft          {result.steps} steps, {result.rollouts} "
-                f"rollouts, {result.kept} kept")
+            log(
+                f"  {domain_name:6s} rsft          {result.steps} steps, {result.rollouts} "
+                f"rollouts, {result.kept} kept"
+            )
             row.rsft_h0 = score(h0_path, "rsft+h0")
             row.rsft_strong = score(strong_path, "rsft+strong")
     finally:
@@ -152,15 +169,30 @@ def markdown_table(rows: Sequence[CalibrationRow]) -> str:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `whale-lab micro calibrate`."""
-    p.add_argument("--domain", choices=DOMAINS, action="append", default=None,
-                   help="a domain to measure (repeatable; default: all three)")
+    p.add_argument(
+        "--domain",
+        dest="domains",
+        choices=DOMAINS,
+        action="append",
+        default=None,
+        help="a domain to measure (repeatable; default: all three)",
+    )
     p.add_argument("--tasks", type=int, default=32, help="val tasks per domain (default 32)")
     p.add_argument("--k", type=int, default=8, help="samples per task (default 8)")
-    p.add_argument("--rsft-epochs", type=float, default=0.0,
-                   help="also run RSFT under h0 for this many epochs of the weight split and "
-                   "measure again (default 0: harness lever only)")
-    p.add_argument("--json", dest="json_out", default=None, metavar="PATH",
-                   help="also write the rows as JSON to PATH")
+    p.add_argument(
+        "--rsft-epochs",
+        type=float,
+        default=0.0,
+        help="also run RSFT under h0 for this many epochs of the weight split and "
+        "measure again (default 0: harness lever only)",
+    )
+    p.add_argument(
+        "--json",
+        dest="json_out",
+        default=None,
+        metavar="PATH",
+        help="also write the rows as JSON to PATH",
+    )
 
 
 def run_calibrate(cfg: Any, args: argparse.Namespace) -> int:
@@ -175,20 +207,26 @@ def run_calibrate(cfg: Any, args: argparse.Namespace) -> int:
         print(f"whale-lab: error: --k must be >= 1, got {args.k}", file=sys.stderr)
         return 2
     if args.rsft_epochs < 0:
-        print(f"whale-lab: error: --rsft-epochs must be >= 0, got {args.rsft_epochs}",
-              file=sys.stderr)
+        print(
+            f"whale-lab: error: --rsft-epochs must be >= 0, got {args.rsft_epochs}", file=sys.stderr
+        )
         return 2
-    domains = list(dict.fromkeys(args.domain or DOMAINS))
+    domains = list(dict.fromkeys(args.domains or DOMAINS))
     rows = []
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    log(f"calibrating {', '.join(domains)} on model {cfg.model.path!r}: val {args.tasks} tasks, "
-        f"k={args.k}" + (f", RSFT {args.rsft_epochs:g} epochs" if args.rsft_epochs else ""))
+    log(
+        f"calibrating {', '.join(domains)} on model {cfg.model.path!r}: val {args.tasks} tasks, "
+        f"k={args.k}" + (f", RSFT {args.rsft_epochs:g} epochs" if args.rsft_epochs else "")
+    )
     for d in domains:
-        rows.append(calibrate_domain(d, cfg=cfg, tasks=args.tasks, k=args.k,
-                                     rsft_epochs=args.rsft_epochs, log=log))
+        rows.append(
+            calibrate_domain(
+                d, cfg=cfg, tasks=args.tasks, k=args.k, rsft_epochs=args.rsft_epochs, log=log
+            )
+        )
     print(markdown_table(rows))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")
@@ -198,8 +236,10 @@ def run_calibrate(cfg: Any, args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     from whale_lab.config import find_default_config, load_config
 
-    p = argparse.ArgumentParser(prog="python -m whale_lab.micro.calibrate",
-                                description="Measure the micro model's calibration targets.")
+    p = argparse.ArgumentParser(
+        prog="python -m whale_lab.micro.calibrate",
+        description="Measure the micro model's calibration targets.",
+    )
     add_arguments(p)
     p.add_argument("--config", default=None)
     p.add_argument("--set", dest="overrides", action="append", default=[])

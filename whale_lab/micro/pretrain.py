@@ -34,11 +34,11 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "model"
 
 @dataclass(frozen=True)
 class ModelShape:
-    hidden: int = 256
+    hidden: int = 128
     layers: int = 4
-    heads: int = 8
-    kv_heads: int = 4
-    intermediate: int = 640
+    heads: int = 4
+    kv_heads: int = 2
+    intermediate: int = 320
     max_positions: int = 2048
 
 
@@ -46,22 +46,25 @@ class ModelShape:
 class PretrainConfig:
     """Everything that decides the result; recorded in training_info.json."""
 
-    minutes: float = 20.0  # wall-time budget for the whole recipe
+    minutes: float = 25.0  # wall-time budget for the whole recipe
     out: str = str(DEFAULT_OUT)
     seed: int = 0
     data: DataSizes = field(default_factory=DataSizes)
     shape: ModelShape = field(default_factory=ModelShape)
-    vocab_size: int = 2048
+    vocab_size: int = 1024
     max_len: int = 1024  # longer sequences are cut from the left (earliest context first)
-    batch_tokens: int = 6144  # padded tokens per optimiser step
+    batch_tokens: int = 4096  # padded tokens per optimiser step
     lr: float = 3e-3
     min_lr_ratio: float = 0.05
     warmup_steps: int = 30
     weight_decay: float = 0.05
-    context_loss_weight: float = 0.0  # loss weight on non-assistant tokens (0: replies only)
+    # Loss weight of prompt tokens (questions, passages, boards) relative to replies: their
+    # repeated names and moves teach copying, which every reply needs.
+    context_loss_weight: float = 0.5
     steps: int = 0  # 0: fit the number of steps to the time budget
     threads: int = 2
     save_dtype: str = "bfloat16"
+    square_tokens: bool = True  # one token per chess square: a UCI move is two tokens
     autocast_bf16: bool = True  # bfloat16 matmuls on CPU (fp32 master weights): ~1.5x faster
 
 
@@ -123,13 +126,31 @@ def transcript_examples(
     return out
 
 
-def corpus_texts(transcripts: Sequence[Transcript], tokenizer_template: Callable[..., str]) -> list[str]:
-    """The rendered dialogues, for training the tokenizer."""
-    return [tokenizer_template(t.final_messages()) for t in transcripts]
-
-
 def _render_plain(messages: Sequence[dict[str, str]]) -> str:
     return "".join(f"<|{m['role']}|>\n{m['content']}<|end|>\n" for m in messages)
+
+
+SQUARES = [f"{f}{r}" for f in "abcdefgh" for r in "12345678"]
+
+
+def add_square_tokens(tokenizer: Any) -> int:
+    """Give each chess square (a1..h8) its own token.
+
+    The byte-level pre-tokenizer splits letters from digits, so a UCI move would be four
+    one-character tokens that recur on every line of a legal-move list, and a small model
+    copies them badly; as two square tokens a move is copied as a pair. No other text in the
+    data has a letter a-h followed by a digit 1-8 (names are letters only, code uses `_`).
+    """
+    from tokenizers import AddedToken
+
+    return int(
+        tokenizer.add_tokens(
+            [
+                AddedToken(s, single_word=False, lstrip=False, rstrip=False, normalized=False)
+                for s in SQUARES
+            ]
+        )
+    )
 
 
 # ====================================================================== batching
@@ -219,6 +240,55 @@ def build_model(shape: ModelShape, tokenizer: Any, seed: int) -> Any:
     return model
 
 
+class ThreadTuner:
+    """Use the faster of `max_threads` and one thread, re-checked as the run goes.
+
+    On a quiet machine two threads are faster; on a busy one, threads that spin-wait on each
+    other can make every step several times slower than one thread. The current setting is timed
+    for `trial` steps, then the other one for `trial` steps, and the faster (seconds per token)
+    is kept until the next check, `period` steps later (the first check comes early). The
+    result does not depend on the thread count.
+    """
+
+    def __init__(self, max_threads: int, log: Log, period: int = 150, trial: int = 6) -> None:
+        import torch
+
+        self.torch = torch
+        self.options = [max_threads, 1] if max_threads > 1 else [1]
+        self.current = self.options[0]
+        self.period, self.trial = period, trial
+        self.start = 2  # first check right after warm-up
+        self.cost: dict[int, list[float]] = {n: [] for n in self.options}
+        self.log = log
+        torch.set_num_threads(self.current)
+
+    def before(self, step: int) -> None:
+        if len(self.options) < 2:
+            return
+        if step == self.start + self.trial:  # time the other setting
+            other = self.options[1] if self.current == self.options[0] else self.options[0]
+            self.torch.set_num_threads(other)
+        elif step == self.start + 2 * self.trial:  # decide
+            best = min(self.options, key=lambda n: _mean(self.cost[n]) or float("inf"))
+            if best != self.current:
+                self.log(f"      {best} thread(s) are faster now: switching")
+            self.current = best
+            self.torch.set_num_threads(best)
+            self.cost = {n: [] for n in self.options}
+            self.start = step + self.period
+
+    def after(self, step: int, tokens: int, seconds: float) -> None:
+        if len(self.options) < 2 or not self.start <= step < self.start + 2 * self.trial:
+            return
+        n = self.torch.get_num_threads()
+        if n in self.cost:
+            self.cost[n].append(seconds / max(1, tokens))
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
 def _lr_at(step: int, total: int, cfg: PretrainConfig) -> float:
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
@@ -248,17 +318,20 @@ def pretrain(cfg: PretrainConfig, log: Log = _say) -> dict[str, Any]:
     quiet_libraries()
     t_start = time.perf_counter()
     budget_s = cfg.minutes * 60.0
-    torch.set_num_threads(max(1, cfg.threads))
     rng = random.Random(f"whale-micro-pretrain:{cfg.seed}")
 
-    log(f"[1/4] transcripts: math {cfg.data.math}, search {cfg.data.search}, "
-        f"chess {cfg.data.chess} (from {cfg.data.chess_puzzles} puzzles)")
+    log(
+        f"[1/4] transcripts: math {cfg.data.math}, search {cfg.data.search}, "
+        f"chess {cfg.data.chess} (from {cfg.data.chess_puzzles} puzzles)"
+    )
     transcripts = build_transcripts(cfg.data, seed=cfg.seed)
     t_data = time.perf_counter() - t_start
 
     log(f"[2/4] tokenizer: byte-level BPE, {cfg.vocab_size} tokens")
     texts = [_render_plain(t.final_messages()) for t in transcripts]
     tokenizer = train_byte_bpe_tokenizer(texts, vocab_size=cfg.vocab_size)
+    if cfg.square_tokens:
+        add_square_tokens(tokenizer)
     eos_id = int(tokenizer.eos_token_id)
     examples: list[Example] = []
     for t in transcripts:
@@ -277,9 +350,13 @@ def pretrain(cfg: PretrainConfig, log: Log = _say) -> dict[str, Any]:
     for name, p in model.named_parameters():
         (no_decay if p.ndim < 2 or "norm" in name else decay).append(p)
     opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay},
-         {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8,
+        [
+            {"params": decay, "weight_decay": cfg.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
     )
     batches: list[list[int]] = []
     epoch = 0
@@ -292,6 +369,7 @@ def pretrain(cfg: PretrainConfig, log: Log = _say) -> dict[str, Any]:
         return batches.pop()
 
     pad_id = int(tokenizer.pad_token_id)
+    tuner = ThreadTuner(cfg.threads, log)
     model.train()
     total_steps = cfg.steps or 10**9
     fitted = bool(cfg.steps)
@@ -322,6 +400,8 @@ def pretrain(cfg: PretrainConfig, log: Log = _say) -> dict[str, Any]:
         lr = _lr_at(step, total_steps if fitted else 10**6, cfg)
         for group in opt.param_groups:
             group["lr"] = lr
+        tuner.before(step)
+        t_step = time.perf_counter()
         ids, mask, weights = collate([examples[i] for i in next_batch()], pad_id)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.autocast_bf16):
             loss, reply_loss = weighted_loss(model, ids, mask, weights)
@@ -330,11 +410,14 @@ def pretrain(cfg: PretrainConfig, log: Log = _say) -> dict[str, Any]:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         losses.append(reply_loss)
+        tuner.after(step, int(ids.numel()), time.perf_counter() - t_step)
         step += 1
         if step % 25 == 0 or step == total_steps:
             recent = sum(losses[-25:]) / len(losses[-25:])
-            log(f"      step {step}/{total_steps}  reply loss {recent:.3f}  lr {lr:.2e}  "
-                f"epoch {epoch}  {time.perf_counter() - t_start:.0f}s")
+            log(
+                f"      step {step}/{total_steps}  reply loss {recent:.3f}  lr {lr:.2e}  "
+                f"epoch {epoch}  {time.perf_counter() - t_start:.0f}s"
+            )
         if cfg.steps == 0 and time.perf_counter() - t_start > budget_s * 1.1:
             log("      time budget exceeded: stopping early")
             break
@@ -342,27 +425,31 @@ def pretrain(cfg: PretrainConfig, log: Log = _say) -> dict[str, Any]:
 
     out = Path(cfg.out)
     info = {
-        "command": " ".join(["whale-lab", "micro", "pretrain", *sys.argv[3:]])
-        if sys.argv[1:3] == ["micro", "pretrain"] else " ".join(sys.argv),
+        "command": _command(),
         "seed": cfg.seed,
         "config": asdict(cfg),
         "data": {
             "transcripts": len(transcripts),
-            "by_domain": {d: sum(1 for t in transcripts if t.domain == d)
-                          for d in ("math", "search", "chess")},
+            "by_domain": {
+                d: sum(1 for t in transcripts if t.domain == d) for d in ("math", "search", "chess")
+            },
             "sequences": len(examples),
             "tokens": n_tokens,
             "reply_tokens": n_targets,
             "reference_success": {
-                d: round(sum(t.reward for t in transcripts if t.domain == d)
-                         / max(1, sum(1 for t in transcripts if t.domain == d)), 3)
+                d: round(
+                    sum(t.reward for t in transcripts if t.domain == d)
+                    / max(1, sum(1 for t in transcripts if t.domain == d)),
+                    3,
+                )
                 for d in ("math", "search", "chess")
             },
         },
         "parameters": n_params,
         "steps": step,
-        "epochs": round(step / max(1, len(make_batches(examples, cfg.batch_tokens,
-                                                       random.Random(0)))), 2),
+        "epochs": round(
+            step / max(1, len(make_batches(examples, cfg.batch_tokens, random.Random(0)))), 2
+        ),
         "first_loss": round(sum(losses[:10]) / max(1, len(losses[:10])), 4),
         "final_loss": round(sum(losses[-25:]) / max(1, len(losses[-25:])), 4),
         "data_seconds": round(t_data, 1),
@@ -376,6 +463,16 @@ def pretrain(cfg: PretrainConfig, log: Log = _say) -> dict[str, Any]:
     (out / "training_info.json").write_text(json.dumps(info, indent=2) + "\n")
     log(f"saved {out} ({info['wall_seconds']:.0f}s, final reply loss {info['final_loss']})")
     return info
+
+
+def _command() -> str:
+    """How this run was started, as a user would type it."""
+    argv = [str(a) for a in sys.argv[1:]]
+    if argv[:2] == ["micro", "pretrain"]:
+        return " ".join(["whale-lab", *argv])
+    if sys.argv and sys.argv[0].endswith(("pretrain.py", "whale_lab.micro.pretrain")):
+        return " ".join(["python -m whale_lab.micro.pretrain", *argv])
+    return " ".join(sys.argv)
 
 
 def save_model(model: Any, tokenizer: Any, out: Path, dtype: str, info: dict[str, Any]) -> None:
@@ -413,25 +510,42 @@ def save_model(model: Any, tokenizer: Any, out: Path, dtype: str, info: dict[str
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `whale-lab micro pretrain`."""
     d = PretrainConfig()
-    p.add_argument("--minutes", type=float, default=d.minutes,
-                   help=f"wall-time budget for the whole recipe (default {d.minutes:g})")
+    p.add_argument(
+        "--minutes",
+        type=float,
+        default=d.minutes,
+        help=f"wall-time budget for the whole recipe (default {d.minutes:g})",
+    )
     p.add_argument("--out", default=d.out, help="model folder to write (default: the shipped one)")
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--steps", type=int, default=0,
-                   help="train exactly this many steps instead of fitting them to --minutes")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=0,
+        help="train exactly this many steps instead of fitting them to --minutes",
+    )
     p.add_argument("--math", type=int, default=d.data.math, help="math transcripts")
     p.add_argument("--search", type=int, default=d.data.search, help="search transcripts")
     p.add_argument("--chess", type=int, default=d.data.chess, help="chess transcripts")
-    p.add_argument("--chess-puzzles", type=int, default=d.data.chess_puzzles,
-                   help="distinct generated chess puzzles behind the chess transcripts")
+    p.add_argument(
+        "--chess-puzzles",
+        type=int,
+        default=d.data.chess_puzzles,
+        help="distinct generated chess puzzles behind the chess transcripts",
+    )
     p.add_argument("--hidden", type=int, default=d.shape.hidden)
     p.add_argument("--layers", type=int, default=d.shape.layers)
     p.add_argument("--vocab", type=int, default=d.vocab_size)
     p.add_argument("--threads", type=int, default=d.threads)
-    p.add_argument("--context-loss-weight", type=float, default=d.context_loss_weight,
-                   help="loss weight of prompt tokens relative to reply tokens")
-    p.add_argument("--batch-tokens", type=int, default=d.batch_tokens,
-                   help="padded tokens per optimiser step")
+    p.add_argument(
+        "--context-loss-weight",
+        type=float,
+        default=d.context_loss_weight,
+        help="loss weight of prompt tokens relative to reply tokens",
+    )
+    p.add_argument(
+        "--batch-tokens", type=int, default=d.batch_tokens, help="padded tokens per optimiser step"
+    )
     p.add_argument("--lr", type=float, default=d.lr)
 
 
@@ -458,7 +572,9 @@ def config_from_args(args: argparse.Namespace) -> PretrainConfig:
             value = getattr(args, name[2:].replace("-", "_"))
             raise ValueError(f"whale-lab micro pretrain: {name} {why}, got {value}")
     if args.math + args.search + args.chess == 0:
-        raise ValueError("whale-lab micro pretrain: --math, --search and --chess are all 0: no data")
+        raise ValueError(
+            "whale-lab micro pretrain: --math, --search and --chess are all 0: no data"
+        )
     heads = max(1, args.hidden // 32)
     shape = replace(
         d.shape,
@@ -496,8 +612,10 @@ def run_pretrain(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m whale_lab.micro.pretrain",
-                                description="Pre-train the micro model from scratch.")
+    p = argparse.ArgumentParser(
+        prog="python -m whale_lab.micro.pretrain",
+        description="Pre-train the micro model from scratch.",
+    )
     add_arguments(p)
     return run_pretrain(p.parse_args(argv))
 

@@ -122,7 +122,7 @@ OBS_WRAPS = [
     ("<results>\n{body}\n</results>", 1.0),
 ]
 
-SEARCH_BODY = r'''
+SEARCH_BODY = r"""
 import re
 
 
@@ -164,7 +164,7 @@ def parse_action(response):
 
 def format_feedback(kind, detail, **context):
     return FEEDBACK.format(detail=detail)
-'''
+"""
 
 
 def search_style(rng: random.Random, *, h0_share: float = 0.25) -> Style:
@@ -254,7 +254,7 @@ MATH_OBS = [
     ("terse", 1.0),
 ]
 
-MATH_BODY = r'''
+MATH_BODY = r"""
 import re
 
 
@@ -316,7 +316,7 @@ def parse_action(response):
 
 def format_feedback(kind, detail, **context):
     return FEEDBACK.format(detail=detail)
-'''
+"""
 
 
 def math_style(rng: random.Random, *, h0_share: float = 0.35) -> Style:
@@ -408,7 +408,7 @@ CHESS_LAYOUTS = [
     ("uci_only", 1.0),  # FEN + bare UCI list: hard to read
 ]
 
-CHESS_BODY = r'''
+CHESS_BODY = r"""
 import re
 
 _MOVE = re.compile(r"^- \[([a-h][1-8][a-h][1-8][qrbn]?)\] SAN=(\S+)")
@@ -521,7 +521,7 @@ def is_legal_action(board, action):
     if not isinstance(action, str) or not re.fullmatch(_UCI, action.strip().lower()):
         return False
     return action.strip().lower() in {m.group(1) for m in re.finditer(r"\[(" + _UCI + r")\]", str(board))}
-'''
+"""
 
 # What each layout lets a reader see: marks of mate/check/capture in SAN, named captured pieces.
 LAYOUT_VISIBILITY = {

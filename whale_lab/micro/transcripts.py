@@ -286,12 +286,7 @@ class MathPolicy(Policy):
     def __init__(self, problem: Any, style: Style, rng: random.Random) -> None:
         self.style = style
         self.rng = rng
-        code = (
-            problem.solution_code.strip()
-            if rng.random() < 0.6
-            else single_expression(problem)
-        )
-        self.right_code = code
+        code = problem.solution_code.strip() if rng.random() < 0.6 else single_expression(problem)
         noisy = rng.random() < MATH_NOISE_BY_DIFFICULTY.get(problem.difficulty, 0.5)
         self.code = _mutate(code, problem.question, rng) if noisy else code
         self.syntax_slip = rng.random() < 0.015
@@ -366,7 +361,9 @@ def math_problems(n: int, seed: str = PRETRAIN_MATH_SEED) -> list[Any]:
     return out
 
 
-def math_transcripts(n: int, rng: random.Random, cache: _RuntimeCache | None = None) -> list[Transcript]:
+def math_transcripts(
+    n: int, rng: random.Random, cache: _RuntimeCache | None = None
+) -> list[Transcript]:
     from whale_lab.domains.math import normalise_math_action
 
     cache = cache or _RuntimeCache()
@@ -383,8 +380,9 @@ def math_transcripts(n: int, rng: random.Random, cache: _RuntimeCache | None = N
         style = sample_style("math", rng)
         env = env_cls(task, None)
         out.append(
-            run_episode(task, env, normalise_math_action, cache.get(style), style,
-                        MathPolicy(p, style, rng))
+            run_episode(
+                task, env, normalise_math_action, cache.get(style), style, MathPolicy(p, style, rng)
+            )
         )
     return out
 
@@ -503,7 +501,9 @@ def pretrain_encyclopedias(seeds: Sequence[int] = PRETRAIN_CORPUS_SEEDS) -> list
     return worlds
 
 
-def search_transcripts(n: int, rng: random.Random, cache: _RuntimeCache | None = None) -> list[Transcript]:
+def search_transcripts(
+    n: int, rng: random.Random, cache: _RuntimeCache | None = None
+) -> list[Transcript]:
     from whale_lab.domains.search import BM25Retriever, SearchEnv, normalise_search_action
 
     cache = cache or _RuntimeCache()
@@ -528,8 +528,14 @@ def search_transcripts(n: int, rng: random.Random, cache: _RuntimeCache | None =
         style = sample_style("search", rng)
         env = SearchEnv(task, retriever)
         out.append(
-            run_episode(task, env, normalise_search_action, cache.get(style), style,
-                        SearchPolicy(q, style, rng))
+            run_episode(
+                task,
+                env,
+                normalise_search_action,
+                cache.get(style),
+                style,
+                SearchPolicy(q, style, rng),
+            )
         )
     return out
 
@@ -644,8 +650,14 @@ def transform_puzzle(p: Any, symmetry: str) -> Any | None:
     fen = board.fen()
     if line_problem(fen, moves):
         return None
-    return Puzzle(id=f"{p.id}-{symmetry}", fen=fen, moves=tuple(moves), rating=p.rating,
-                  themes=p.themes, source=f"{p.source}+{symmetry}")
+    return Puzzle(
+        id=f"{p.id}-{symmetry}",
+        fen=fen,
+        moves=tuple(moves),
+        rating=p.rating,
+        themes=p.themes,
+        source=f"{p.source}+{symmetry}",
+    )
 
 
 def chess_puzzles(n: int, seed: int = PRETRAIN_CHESS_SEED, *, augment: bool = True) -> list[Any]:
@@ -737,9 +749,9 @@ def chess_transcripts(
 
 @dataclass(frozen=True)
 class DataSizes:
-    math: int = 4000
-    search: int = 4000
-    chess: int = 2000
+    math: int = 8000
+    search: int = 8000
+    chess: int = 2500
     chess_puzzles: int = 600
 
 
