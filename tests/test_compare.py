@@ -102,3 +102,40 @@ def test_headless_run_then_resume_and_probe_it(
     assert "not found" in capsys.readouterr().err
     assert run_probe(cfg, str(run), keep="sometimes") == EXIT_USAGE
     assert "--keep" in capsys.readouterr().err
+
+
+def test_compare_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from whale_lab.cli import main
+
+    sets = [a for s in SHORT for a in ("--set", s)]
+    sets += ["--set", f'run.directory="{tmp_path / "runs"}"']
+    out = tmp_path / "cmp"
+    argv = ["compare", "--schedules", "weight-only", "--seeds", "0", "--out", str(out), *sets]
+    assert main(argv) == EXIT_OK
+    assert "| weight-only | 1 |" in (out / "summary.md").read_text(encoding="utf-8")
+    assert main(["compare", "--seeds", "0,x", "--out", str(out), *sets]) == EXIT_USAGE
+    assert "--seeds must be integers" in capsys.readouterr().err
+
+
+def test_every_lazy_import_of_the_cli_resolves() -> None:
+    """The CLI imports each command's module only when it runs; a wrong name must fail here."""
+    import ast
+    import importlib
+
+    import whale_lab.cli as cli
+
+    tree = ast.parse(Path(cli.__file__).read_text(encoding="utf-8"))
+    lazy = [
+        node
+        for fn in ast.walk(tree)
+        if isinstance(fn, ast.FunctionDef)
+        for node in ast.walk(fn)
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("whale_lab")
+    ]
+    assert len(lazy) >= 8
+    for node in lazy:
+        module = importlib.import_module(node.module)
+        for alias in node.names:
+            if not hasattr(module, alias.name):  # a submodule, imported on first use
+                importlib.import_module(f"{node.module}.{alias.name}")
+            assert hasattr(module, alias.name), f"{node.module} has no {alias.name}"

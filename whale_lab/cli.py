@@ -164,10 +164,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         keep: bool | str = False if args.keep is None else (True if args.keep == "best" else args.keep)
         return run_probe(cfg, run_dir=args.run, keep=keep)
     if command == "compare":
-        from whale_lab.engine.headless import run_compare
+        from whale_lab.engine.compare import CompareError, run_compare
 
         schedules = [x.strip() for x in args.schedules.split(",") if x.strip()]
-        seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+        try:
+            seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+        except ValueError:
+            raise CompareError(f"compare: --seeds must be integers separated by commas, got {args.seeds!r}") from None
         out = args.out or str(Path(cfg.run.directory) / f"compare-{cfg.domain.name}-{time.strftime('%Y%m%d-%H%M%S')}")
         return run_compare(cfg, schedules, seeds, out)
     if command == "micro":

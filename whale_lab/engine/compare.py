@@ -29,10 +29,11 @@ from whale_lab.engine.headless import (
     user_error_types,
 )
 from whale_lab.engine.schedules import SCHEDULES
+from whale_lab.errors import WhaleLabError
 from whale_lab.store import read_json
 
 
-class CompareError(ValueError):
+class CompareError(WhaleLabError, ValueError):
     """A bad list of schedules or seeds, or an output folder that cannot be used."""
 
 
