@@ -78,3 +78,25 @@ def test_adaptive_harness_rule_minimum_patience_and_cap() -> None:
     assert [rule.update(s) for s in (0.1, 0.2, 0.3, 0.4, 0.5)] == [False] * 4 + [True]
     rule = AdaptiveHarnessStop(cfg)
     assert [rule.update(s) for s in (0.1, 0.2, 0.3, 0.3, 0.3)] == [False, False, False, False, True]
+
+
+def test_the_shipped_comparison_budget_is_the_same_for_every_schedule() -> None:
+    """docs/results/compare.toml backs the README's comparison: equal weight and harness budgets."""
+    import dataclasses
+    from pathlib import Path
+
+    from whale_lab.config import load_config
+
+    path = Path(__file__).resolve().parents[1] / "docs" / "results" / "compare.toml"
+    cfg = load_config(str(path), []).schedule
+    budgets = {}
+    for kind in ("whale", "adaptive", "weight-only", "harness-only", "stagewise", "prompt-only"):
+        phases = plan(dataclasses.replace(cfg, kind=kind))
+        budgets[kind] = (
+            round(sum(p.budget for p in phases if p.kind == "weight"), 6),
+            sum(p.budget for p in phases if p.kind == "harness"),
+        )
+    weight = {budgets[k][0] for k in ("whale", "adaptive", "weight-only", "stagewise", "prompt-only")}
+    assert weight == {0.75} and budgets["harness-only"] == (0, 4.0)
+    assert budgets["whale"][1] == budgets["stagewise"][1] == budgets["prompt-only"][1] == 4.0
+    assert budgets["adaptive"][1] == 2 * cfg.max_harness_iterations  # caps; patience ends earlier
