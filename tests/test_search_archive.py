@@ -149,6 +149,24 @@ def test_best_ties_go_to_fewer_turns_and_pin_overrides(tmp_path: Path) -> None:
     assert archive.lineage(ids[1]) == [ids[1]]
 
 
+def test_min_gain_keeps_the_incoming_harness_unless_beaten_by_the_margin(tmp_path: Path) -> None:
+    archive = PhaseArchive(tmp_path)
+    incoming = archive.add_candidate(
+        H0, parent_id="", hypothesis="x", surface="", proposer="incoming", iteration=1
+    )
+    new = archive.add_candidate(
+        H0 + "\n# v1\n", parent_id=incoming, hypothesis="y", surface="", proposer="rules",
+        iteration=2,
+    )
+    _scored(archive, incoming, 0.3125, 2.0)  # 5 of 16 tasks
+    _scored(archive, new, 0.375, 2.0)  # 6 of 16: one task better
+    assert archive.best() == new  # the spec's rule: the best wins
+    assert archive.best(min_gain=0.0625) == new  # exactly the margin is enough
+    assert archive.best(min_gain=0.1) == incoming  # a one-task win is not
+    _scored(archive, new, 0.25, 1.0)
+    assert archive.best(min_gain=0.1) == incoming  # the incoming one is best anyway
+
+
 def test_changed_surfaces_follow_helpers() -> None:
     code = (
         H0

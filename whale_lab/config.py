@@ -134,6 +134,7 @@ class HarnessSearchConfig:
     rollouts_per_task: int = _f(1, 1)
     smoke_tasks: int = _f(4, 1)
     prompt_only: bool = False
+    min_gain: float = _f(0.0, 0.0, 1.0)  # a new harness must beat the incoming one by this much
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
 
 

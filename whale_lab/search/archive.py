@@ -324,15 +324,31 @@ class PhaseArchive:
         return out
 
     # ------------------------------------------------------------------ acceptance
-    def best(self) -> str | None:
-        """Best success rate among scored candidates; ties go to fewer mean turns, then the older."""
+    def best(self, min_gain: float = 0.0) -> str | None:
+        """Best success rate among scored candidates; ties go to fewer mean turns, then the older.
+
+        With `min_gain` > 0 a new candidate must beat the incoming harness by at least that much
+        (a fraction of tasks), or the incoming harness stays: on a small harness split a one-task
+        win is often noise.
+        """
         scored = [
             r for r in self.records() if r.status in SCORED_STATUSES and r.success_rate is not None
         ]
         if not scored:
             return None
         scored.sort(key=lambda r: (-(r.success_rate or 0.0), r.mean_turns or 0.0, int(r.id[1:])))
-        return scored[0].id
+        best = scored[0]
+        if min_gain > 0:
+            incoming = next(
+                (r for r in scored if self.meta(r.id).get("proposer") == "incoming"), None
+            )
+            if (
+                incoming is not None
+                and best.id != incoming.id
+                and (best.success_rate or 0.0) < (incoming.success_rate or 0.0) + min_gain - 1e-9
+            ):
+                return incoming.id
+        return best.id
 
     def pinned(self) -> str | None:
         pin = read_json(self.root / "pin.json", {}) or {}

@@ -3,7 +3,8 @@
 Iteration 1 re-scores the incoming harness under the current weights. Every later iteration asks
 the proposer for M candidates (having read the archive), validates them, puts them through the
 approval gate, and scores the approved ones on the `harness` split. At the end the best success
-rate in the phase archive is accepted (ties to fewer mean turns), unless a human pinned another.
+rate in the phase archive is accepted (ties to fewer mean turns; with `harness_search.min_gain` a new
+candidate must beat the incoming harness by that margin), unless a human pinned another.
 Every step is written to the archive before the next begins, so a killed phase resumes where it
 stopped and a candidate awaiting review is still awaiting review after a restart.
 """
@@ -669,7 +670,7 @@ class HarnessPhase:
                     )
                 )
         if chosen is None:
-            chosen = self.archive.best()
+            chosen = self.archive.best(min_gain=self.cfg.harness_search.min_gain)
         if chosen is None:
             self.emit(
                 Log(
