@@ -105,6 +105,9 @@ def trace_id(candidate_id: str, record: dict[str, Any]) -> str:
     return f"{candidate_id}/{record.get('task_id', '?')}#{record.get('sample', 0)}"
 
 
+INCOMING = "incoming"  # the proposer name of the harness a phase starts from
+
+
 @dataclass
 class CandidateRecord:
     """One candidate as read from disk (a snapshot; the files stay the truth)."""
@@ -339,9 +342,7 @@ class PhaseArchive:
         scored.sort(key=lambda r: (-(r.success_rate or 0.0), r.mean_turns or 0.0, int(r.id[1:])))
         best = scored[0]
         if min_gain > 0:
-            incoming = next(
-                (r for r in scored if self.meta(r.id).get("proposer") == "incoming"), None
-            )
+            incoming = next((r for r in scored if r.proposer == INCOMING), None)
             if (
                 incoming is not None
                 and best.id != incoming.id

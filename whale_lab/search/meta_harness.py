@@ -37,6 +37,7 @@ from whale_lab.events import (
 )
 from whale_lab.search.approval import ApprovalGate
 from whale_lab.search.archive import (
+    INCOMING,
     SCORED_STATUSES,
     TERMINAL_STATUSES,
     ArchiveError,
@@ -289,7 +290,7 @@ class HarnessPhase:
             parent_id="",
             hypothesis=f"The incoming harness ({incoming}), re-scored under the current weights.",
             surface="",
-            proposer="incoming",
+            proposer=INCOMING,
             iteration=1,
             extra={"source": str(incoming)},
         )
@@ -319,7 +320,7 @@ class HarnessPhase:
                 parent_id="",
                 hypothesis=self.archive.hypothesis(cid),
                 surface="",
-                proposer="incoming",
+                proposer=INCOMING,
             )
         )
         self.emit(CandidateValidated(candidate_id=cid, valid=True))
