@@ -293,13 +293,13 @@ def test_pretrain_rejects_bad_options(capsys: pytest.CaptureFixture[str]) -> Non
 # ------------------------------------------------------------------ calibration
 
 
-def test_calibrate_runs_on_small_splits(capsys: pytest.CaptureFixture[str]) -> None:
+def test_calibrate_runs_on_small_splits(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     from whale_lab.config import load_config
     from whale_lab.micro.calibrate import add_arguments, run_calibrate
 
     p = argparse.ArgumentParser()
     add_arguments(p)
-    args = p.parse_args(["--tasks", "2", "--k", "2"])
+    args = p.parse_args(["--tasks", "2", "--k", "2", "--json", str(tmp_path / "rows.json")])
     cfg = load_config(None, ["sampling.max_new_tokens=48"])
     assert run_calibrate(cfg, args) == 0
     table = capsys.readouterr().out
@@ -309,6 +309,11 @@ def test_calibrate_runs_on_small_splits(capsys: pytest.CaptureFixture[str]) -> N
     for ln in lines[1:]:
         cells = [c.strip() for c in ln.split("|")[1:-1]]
         assert 0.0 <= float(cells[2]) <= 100.0 and 0.0 <= float(cells[3]) <= 100.0
+    rows = {r["domain"]: r for r in json.loads((tmp_path / "rows.json").read_text())}
+    # chess also reports how much probability the model puts on the listed legal moves
+    assert set(rows["chess"]["move_mass"]) == {"h0", "strong"}
+    assert all(0.0 < v <= 1.0 for v in rows["chess"]["move_mass"].values())
+    assert rows["math"]["move_mass"] is None
 
 
 # ------------------------------------------------------------------ smollm2-135m

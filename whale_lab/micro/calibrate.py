@@ -7,7 +7,9 @@ runs online RSFT under h0 for E epochs of the weight split (the project's own `R
 weights updated in place) and measures both harnesses again. It prints a Markdown table for the
 README. The targets (issue "embedded default"): h0 between 5% and 40%; search harness-limited
 (strong - h0 >= 15 points, more than RSFT adds); math weight-limited (RSFT adds >= 15 points, the
-harness alone < 5); chess: both levers help.
+harness alone < 5); chess: both levers help. On chess, with an in-process (hf) backend, it also
+reports the listed-move mass (`move_mass.py`): how much probability the model puts on the legal
+moves it is shown, which says whether a harness layout can help at all.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ class CalibrationRow:
     rsft_rollouts: int = 0
     seconds: float = 0.0
     diagnostics: dict[str, dict[str, float]] | None = None
+    # chess: probability on the listed legal moves after "<move>", per measurement label
+    move_mass: dict[str, float] | None = None
 
 
 def harness_paths(domain: str) -> tuple[Path, Path]:
@@ -83,6 +87,17 @@ def calibrate_domain(
     params = sampling_params(cfg, cfg.run.seed)
     val = domain.tasks("val")
     diagnostics: dict[str, dict[str, float]] = {}
+    move_mass: dict[str, float] = {}
+
+    def mass(path: Path, label: str) -> None:
+        model, tokenizer = getattr(backend, "model", None), getattr(backend, "tokenizer", None)
+        if domain_name != "chess" or model is None or tokenizer is None:
+            return
+        from whale_lab.micro.move_mass import listed_move_mass
+
+        m = listed_move_mass(model, tokenizer, domain, val, path)
+        move_mass[label] = round(m.listed, 4)
+        log(f"  {domain_name:6s} {label:13s} {m.summary()}")
 
     def score(path: Path, label: str) -> float:
         report = score_harness(
@@ -105,6 +120,7 @@ def calibrate_domain(
             f"  {domain_name:6s} {label:13s} mean@{k} {report.mean_at_k:.3f}  "
             f"pass@{k} {report.pass_at_k:.3f}  ({report.seconds:.0f}s)"
         )
+        mass(path, label)
         return float(report.mean_at_k)
 
     try:
@@ -137,6 +153,7 @@ def calibrate_domain(
         domain.close()
     row.seconds = time.perf_counter() - t0
     row.diagnostics = diagnostics
+    row.move_mass = move_mass or None
     return row
 
 
