@@ -35,16 +35,12 @@ class MoveMass:
 
 
 def _runtime(harness: str | Path) -> Any:
-    from whale_lab.harness.chess_contract import CHESS_ALLOWED_IMPORTS
-    from whale_lab.harness.runtime import HarnessRuntime
+    """The harness loaded in this process, as the pre-training transcripts load their styles."""
+    from whale_lab.micro.styles import Style
+    from whale_lab.micro.transcripts import load_runtime
 
     path = Path(harness)
-    return HarnessRuntime(
-        path.read_text(encoding="utf-8"),
-        str(path),
-        domain="chess",
-        allowed_imports=CHESS_ALLOWED_IMPORTS,
-    )
+    return load_runtime(Style("chess", str(path), path.read_text(encoding="utf-8")))
 
 
 def _continuation_logprobs(

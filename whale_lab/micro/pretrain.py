@@ -64,8 +64,8 @@ class PretrainConfig:
     steps: int = 0  # 0: fit the number of steps to the time budget
     threads: int = 2
     save_dtype: str = "bfloat16"
-    square_tokens: bool = True  # one token per chess square (FEN en-passant squares, SAN)
-    move_tokens: bool = False  # one token per UCI move shape (an experiment; see add_move_tokens)
+    square_tokens: bool = True  # one token per chess square: a UCI move is two tokens
+    move_tokens: bool = False  # one token per UCI move instead (an experiment; add_move_tokens)
     autocast_bf16: bool = True  # bfloat16 matmuls on CPU (fp32 master weights): ~1.5x faster
 
 
