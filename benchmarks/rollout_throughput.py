@@ -58,7 +58,7 @@ def main() -> None:
     # (a) the rollout engine
     t0 = time.perf_counter()
     report = score_harness(domain, default_harness_path(cfg), tasks, args.k, backend, params,
-                           sandbox=cfg.harness_search.sandbox, batch_episodes=len(tasks) * args.k)
+                           sandbox=cfg.sandbox, batch_episodes=len(tasks) * args.k)
     engine_s = time.perf_counter() - t0
     traces = report.traces
     tokens = sum(t.completion_tokens for t in traces)

@@ -21,12 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rsft_support import ParityDomain, tiny_config, write_harness  # noqa: E402
 
 from whale_lab.config import Config  # noqa: E402
-from whale_lab.engine.control import (  # noqa: E402
-    CommandChannel,
-    ReviewDecision,
-    ReviewItem,
-)
 from whale_lab.events import Event  # noqa: E402
+from whale_lab.seams import CommandChannel, ReviewDecision, ReviewItem
 
 __all__ = ["ParityDomain", "write_harness"]
 

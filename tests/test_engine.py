@@ -16,7 +16,6 @@ import pytest
 from engine_support import ApproveAll, ParityDomain, RecordingBackend, engine_config
 
 from whale_lab.backends import make_backend
-from whale_lab.engine.control import Command, CommandChannel
 from whale_lab.engine.engine import Engine, EngineError, open_engine
 from whale_lab.engine.ledger import Ledger
 from whale_lab.engine.report import summarise_run
@@ -32,6 +31,7 @@ from whale_lab.events import (
     RunFinished,
     WeightStep,
 )
+from whale_lab.seams import Command, CommandChannel
 from whale_lab.store import RunStore, atomic_write_json, read_json
 
 

@@ -20,7 +20,6 @@ import pytest
 from engine_support import KILL_TEST_SCHEDULE, ApproveAll, ParityDomain, engine_config
 
 from whale_lab.backends import make_backend
-from whale_lab.engine.control import CommandChannel
 from whale_lab.engine.engine import open_engine
 from whale_lab.engine.ledger import Ledger
 from whale_lab.events import (
@@ -32,6 +31,7 @@ from whale_lab.events import (
     RunStarted,
     WeightStep,
 )
+from whale_lab.seams import CommandChannel
 from whale_lab.store import RunStore, read_json
 
 SUPPORT = Path(__file__).resolve().parent / "engine_support.py"

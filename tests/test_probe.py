@@ -11,7 +11,6 @@ import torch
 from engine_support import ApproveAll, ParityDomain, engine_config
 
 from whale_lab.backends import make_backend
-from whale_lab.engine.control import CommandChannel
 from whale_lab.engine.engine import Engine
 from whale_lab.engine.ledger import Ledger
 from whale_lab.engine.probe import (
@@ -21,6 +20,7 @@ from whale_lab.engine.probe import (
     recommend,
 )
 from whale_lab.events import CommandReceived, EpisodeFinished, ProbeResult
+from whale_lab.seams import CommandChannel
 from whale_lab.store import RunStore, read_json
 from whale_lab.trace import EpisodeTrace, TurnRecord
 from whale_lab.weights.checkpoint import Checkpointer

@@ -17,7 +17,6 @@ from fixtures.openai_replay_server import ReplayServer, fault, say, tool_call
 
 from whale_lab.config import Config, config_from_dict
 from whale_lab.domains import make_domain
-from whale_lab.engine.control import ReviewDecision, ReviewItem
 from whale_lab.events import (
     CandidateProposed,
     CandidateScored,
@@ -28,10 +27,12 @@ from whale_lab.events import (
     ReviewDecided,
     ReviewRequested,
 )
+from whale_lab.reviewers import TerminalReviewer
+from whale_lab.seams import ReviewDecision, ReviewItem
 from whale_lab.search.meta_harness import HarnessPhase, PhaseStatus
 from whale_lab.search.proposers.llm import LLMProposer
 from whale_lab.search.proposers.manual import ManualProposer
-from whale_lab.search.search_cli import TerminalReviewer, run_search
+from whale_lab.search.search_cli import run_search
 from whale_lab.store import read_jsonl
 
 REPO = Path(__file__).resolve().parent.parent

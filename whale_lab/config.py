@@ -135,7 +135,6 @@ class HarnessSearchConfig:
     smoke_tasks: int = _f(4, 1)
     prompt_only: bool = False
     min_gain: float = _f(0.0, 0.0, 1.0)  # a new harness must beat the incoming one by this much
-    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
 
 
 @dataclass(frozen=True)
@@ -189,6 +188,7 @@ class Config:
     proposer: ProposerConfig = field(default_factory=ProposerConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     approval: ApprovalConfig = field(default_factory=ApprovalConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return _to_dict(self)
@@ -325,7 +325,38 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
+OLD_SANDBOX_NOTE = (
+    "harness_search.sandbox is deprecated: move the table to the top level as [sandbox] "
+    "(read from the old place this time)"
+)
+
+
+def migrate_config(data: dict) -> list[str]:
+    """Move keys from their old places to their new ones in a raw config dict; returns notes.
+
+    `[harness_search.sandbox]` became `[sandbox]` (it confines every untrusted process, not only
+    harness search); both at once is an error, since one would be silently ignored.
+    """
+    notes: list[str] = []
+    hs = data.get("harness_search")
+    if isinstance(hs, dict) and "sandbox" in hs:
+        old = hs.pop("sandbox")
+        if "sandbox" in data:
+            raise ConfigError(
+                "harness_search.sandbox: set in both [harness_search.sandbox] and [sandbox]; "
+                "keep only [sandbox]"
+            )
+        data["sandbox"] = old
+        notes.append(OLD_SANDBOX_NOTE)
+    return notes
+
+
 def config_from_dict(data: dict) -> Config:
+    """A config from a raw dict (a run's config.json may still use the old key places)."""
+    data = dict(data)
+    if isinstance(data.get("harness_search"), dict):
+        data["harness_search"] = dict(data["harness_search"])
+    migrate_config(data)
     return _build(Config, data, "")
 
 
@@ -341,6 +372,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{p}: not valid TOML: {exc}") from None
     data = apply_overrides(data, list(overrides or []))
+    for note in migrate_config(data):
+        print(f"whale-lab: note: {note}", file=sys.stderr)
     return config_from_dict(data)
 
 

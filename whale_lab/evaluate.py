@@ -149,7 +149,7 @@ def run_eval(cfg: Config, *, harness: str | None, split: str, k: int | None, as_
 
         try:
             report = score_harness(domain, harness_path, tasks, k, backend, sampling_params(cfg, cfg.run.seed),
-                                   sandbox=cfg.harness_search.sandbox,
+                                   sandbox=cfg.sandbox,
                                    max_context_tokens=cfg.model.max_context_tokens,
                                    batch_episodes=max(cfg.sampling.batch_size, 1) * 4,
                                    on_episode=on_episode)

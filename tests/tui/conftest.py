@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 
 from whale_lab.config import Config
-from whale_lab.engine.control import CommandChannel, ReviewDecision, ReviewItem
 from whale_lab.events import (
     CommandReceived,
     EpisodeFinished,
@@ -31,6 +30,7 @@ from whale_lab.events import (
     ReviewRequested,
     RunFinished,
 )
+from whale_lab.seams import CommandChannel, ReviewDecision, ReviewItem
 from whale_lab.store import RunStore, read_jsonl_line
 from whale_lab.tui.state import load_run_events
 

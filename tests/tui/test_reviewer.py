@@ -1,4 +1,4 @@
-"""TuiReviewer: the engine thread blocks until the UI decides; a stop always releases it."""
+"""ThreadReviewer: the engine thread blocks until the UI decides; a stop always releases it."""
 
 from __future__ import annotations
 
@@ -6,22 +6,22 @@ import threading
 
 import pytest
 
-from whale_lab.engine.control import Command, CommandChannel, ReviewDecision, ReviewItem
-from whale_lab.tui.reviewer import TuiReviewer
+from whale_lab.reviewers import ThreadReviewer
+from whale_lab.seams import Command, CommandChannel, ReviewDecision, ReviewItem
 
 ITEM = ReviewItem(
     candidate_id="c1", diff="-a\n+b\n", hypothesis="h", surface="prompts", code="X = 1\n"
 )
 
 
-def review_in_thread(reviewer: TuiReviewer, item: ReviewItem = ITEM):
+def review_in_thread(reviewer: ThreadReviewer, item: ReviewItem = ITEM):
     out: list[ReviewDecision] = []
     t = threading.Thread(target=lambda: out.append(reviewer.review(item)))
     t.start()
     return t, out
 
 
-def wait_pending(reviewer: TuiReviewer, cid: str = "c1") -> None:
+def wait_pending(reviewer: ThreadReviewer, cid: str = "c1") -> None:
     for _ in range(500):
         if reviewer.is_waiting(cid):
             return
@@ -31,7 +31,7 @@ def wait_pending(reviewer: TuiReviewer, cid: str = "c1") -> None:
 
 def test_blocks_until_decided() -> None:
     seen: list[str] = []
-    reviewer = TuiReviewer(
+    reviewer = ThreadReviewer(
         CommandChannel(), on_request=lambda item: seen.append(item.candidate_id), poll_s=0.01
     )
     t, out = review_in_thread(reviewer)
@@ -47,7 +47,7 @@ def test_blocks_until_decided() -> None:
 
 def test_stop_request_releases_with_pending() -> None:
     commands = CommandChannel()
-    reviewer = TuiReviewer(commands, poll_s=0.01)
+    reviewer = ThreadReviewer(commands, poll_s=0.01)
     t, out = review_in_thread(reviewer)
     wait_pending(reviewer)
     commands.send(Command("stop"))
@@ -59,7 +59,7 @@ def test_stop_request_releases_with_pending() -> None:
 
 
 def test_close_releases_with_pending() -> None:
-    reviewer = TuiReviewer(None, poll_s=0.01)
+    reviewer = ThreadReviewer(None, poll_s=0.01)
     t, out = review_in_thread(reviewer)
     wait_pending(reviewer)
     reviewer.close()
@@ -68,7 +68,7 @@ def test_close_releases_with_pending() -> None:
 
 
 def test_decisions_are_checked() -> None:
-    reviewer = TuiReviewer(CommandChannel())
+    reviewer = ThreadReviewer(CommandChannel())
     with pytest.raises(ValueError, match="expected one of approve, reject, edit, pin"):
         reviewer.decide("c1", ReviewDecision("pending"))
     with pytest.raises(ValueError, match="needs edited_code"):
@@ -79,7 +79,7 @@ def test_a_failing_on_request_does_not_break_the_engine() -> None:
     def boom(item: ReviewItem) -> None:
         raise RuntimeError("ui gone")
 
-    reviewer = TuiReviewer(CommandChannel(), on_request=boom, poll_s=0.01)
+    reviewer = ThreadReviewer(CommandChannel(), on_request=boom, poll_s=0.01)
     t, out = review_in_thread(reviewer)
     wait_pending(reviewer)
     reviewer.decide("c1", ReviewDecision("edit", edited_code="X = 2\n"))

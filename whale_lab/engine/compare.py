@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from whale_lab.config import Config
-from whale_lab.engine.control import AutoReviewer, CommandChannel
 from whale_lab.engine.headless import (
     EXIT_FAILED,
     EXIT_OK,
@@ -30,6 +29,8 @@ from whale_lab.engine.headless import (
 )
 from whale_lab.engine.schedules import SCHEDULES
 from whale_lab.errors import WhaleLabError
+from whale_lab.reviewers import AutoReviewer
+from whale_lab.seams import CommandChannel
 from whale_lab.store import read_json
 
 

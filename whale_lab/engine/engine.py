@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Any
 
 from whale_lab.config import Config, ConfigError, config_from_dict
-from whale_lab.engine.control import Command, CommandChannel, Reviewer
 from whale_lab.engine.ledger import Ledger, PhaseLedger, ProbeLedger
 from whale_lab.engine.probe import BottleneckProbe, ProbeSettings, ProbeStopped, val_params
 from whale_lab.engine.schedules import (
@@ -70,6 +69,7 @@ from whale_lab.events import (
     RunStarted,
     WeightStep,
 )
+from whale_lab.seams import Command, CommandChannel, Reviewer
 from whale_lab.store import RunStore, atomic_write_json, read_json
 
 ENGINE_VERSION = 1
@@ -904,7 +904,7 @@ class Engine:
         harness = self.harness_path
         k = self.cfg.sampling.k
         reports: dict[str, Any] = {}
-        host = HarnessHost(harness, self.domain.name, self.cfg.harness_search.sandbox)
+        host = HarnessHost(harness, self.domain.name, self.cfg.sandbox)
         try:
             for idx, split in enumerate(("val", "test")):
                 tasks = list(self.domain.tasks(split))
@@ -915,7 +915,7 @@ class Engine:
                     k,
                     self.backend,
                     val_params(self.cfg, idx),
-                    sandbox=self.cfg.harness_search.sandbox,
+                    sandbox=self.cfg.sandbox,
                     max_context_tokens=self.cfg.model.max_context_tokens,
                     batch_episodes=max(1, self.cfg.sampling.batch_size) * 4,
                     on_episode=self._eval_sink(split, cycle, host.info.name),

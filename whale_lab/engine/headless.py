@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from whale_lab.config import Config
-from whale_lab.engine.control import AutoReviewer, Command, CommandChannel, Reviewer
 from whale_lab.events import (
     CommandReceived,
     EpisodeFinished,
@@ -35,6 +34,8 @@ from whale_lab.events import (
     RunFinished,
     RunStarted,
 )
+from whale_lab.reviewers import AutoReviewer
+from whale_lab.seams import Command, CommandChannel, Reviewer
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PENDING, EXIT_STOPPED = 0, 1, 2, 3, 130
 
@@ -328,7 +329,7 @@ def _reviewer_for(cfg: Config) -> Reviewer:
             'approval.headless_mode = "manual" needs a terminal to answer reviews; '
             'set it to "auto" or "threshold", or use the TUI'
         )
-    from whale_lab.search.search_cli import TerminalReviewer
+    from whale_lab.reviewers import TerminalReviewer
 
     return TerminalReviewer()
 

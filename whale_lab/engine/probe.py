@@ -588,7 +588,7 @@ class BottleneckProbe:
             self.k,
             self.backend,
             val_params(self.cfg, 0),
-            sandbox=self.cfg.harness_search.sandbox,
+            sandbox=self.cfg.sandbox,
             max_context_tokens=self.cfg.model.max_context_tokens,
             batch_episodes=max(1, self.cfg.sampling.batch_size) * 4,
             on_episode=sink,

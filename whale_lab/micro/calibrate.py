@@ -107,7 +107,7 @@ def calibrate_domain(
             k,
             backend,
             params,
-            sandbox=cfg.harness_search.sandbox,
+            sandbox=cfg.sandbox,
             max_context_tokens=cfg.model.max_context_tokens,
             batch_episodes=max(cfg.sampling.batch_size, 1) * 4,
         )

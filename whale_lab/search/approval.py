@@ -9,7 +9,7 @@ approves one whose smoke success rate reaches `approval.threshold`.
 from __future__ import annotations
 
 from whale_lab.config import ApprovalConfig
-from whale_lab.engine.control import ReviewDecision, Reviewer, ReviewItem
+from whale_lab.seams import ReviewDecision, Reviewer, ReviewItem
 
 MODES = ("manual", "auto", "threshold")
 

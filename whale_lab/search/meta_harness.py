@@ -20,7 +20,6 @@ from typing import Any
 from whale_lab.backends.base import Backend, BackendError
 from whale_lab.config import Config
 from whale_lab.domains.base import Domain, Task
-from whale_lab.engine.control import ReviewDecision, Reviewer, ReviewItem
 from whale_lab.errors import WhaleLabError
 from whale_lab.events import (
     CandidateProposed,
@@ -35,6 +34,7 @@ from whale_lab.events import (
     ReviewDecided,
     ReviewRequested,
 )
+from whale_lab.seams import ReviewDecision, Reviewer, ReviewItem
 from whale_lab.search.approval import ApprovalGate
 from whale_lab.search.archive import (
     INCOMING,
@@ -147,7 +147,7 @@ class HarnessPhase:
         self.prompt_only = bool(prompt_only)
         self.m = hs.candidates_per_iteration
         self.k = hs.rollouts_per_task
-        self.sandbox = hs.sandbox
+        self.sandbox = cfg.sandbox
         from whale_lab.evaluate import sampling_params
 
         self.params = sampling_params(cfg, seed=cfg.run.seed)

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from whale_lab.config import Config, ConfigError, config_from_dict
-from whale_lab.engine.control import ReviewDecision, ReviewItem
 from whale_lab.events import (
     CandidateProposed,
     CandidateScored,
@@ -29,84 +28,10 @@ from whale_lab.events import (
     RunFinished,
     RunStarted,
 )
+from whale_lab.reviewers import TerminalReviewer
 from whale_lab.store import RunStore, atomic_write_json, read_json
 
 EXIT_OK, EXIT_ERROR, EXIT_PENDING, EXIT_INTERRUPTED = 0, 1, 3, 130
-
-
-class TerminalReviewer:
-    """Shows a candidate's hypothesis and diff; reads approve / reject / edit / pin / later."""
-
-    def __init__(
-        self, stdin: TextIO | None = None, stdout: TextIO | None = None, editor: str | None = None
-    ) -> None:
-        self.stdin = stdin or sys.stdin
-        self.stdout = stdout or sys.stdout
-        self.editor = editor
-
-    def _ask(self, prompt: str) -> str:
-        self.stdout.write(prompt)
-        self.stdout.flush()
-        line = self.stdin.readline()
-        if not line:
-            raise EOFError
-        return line.strip()
-
-    def _show(self, item: ReviewItem) -> None:
-        from rich.console import Console
-        from rich.syntax import Syntax
-
-        console = Console(file=self.stdout, highlight=False)
-        smoke = "-" if item.smoke_success is None else f"{item.smoke_success:.0%}"
-        console.rule(f"review {item.candidate_id}  surface: {item.surface or '-'}  smoke: {smoke}")
-        console.print(item.hypothesis, markup=False)
-        console.print(Syntax(item.diff or "(no change)", "diff", word_wrap=True))
-
-    def review(self, item: ReviewItem) -> ReviewDecision:
-        self._show(item)
-        try:
-            while True:
-                answer = self._ask("[a]pprove  [r]eject  [e]dit  [p]in  [l]ater > ").lower()
-                if answer in ("a", "approve", "y", "yes"):
-                    return ReviewDecision("approve", by="human")
-                if answer in ("p", "pin"):
-                    return ReviewDecision("pin", reason="pinned at review", by="human")
-                if answer in ("l", "later", "q", "quit"):
-                    return ReviewDecision("pending", reason="left for later", by="human")
-                if answer in ("r", "reject", "n", "no"):
-                    reason = ""
-                    while not reason:
-                        reason = self._ask("reason (the proposer reads it): ")
-                    return ReviewDecision("reject", reason=reason, by="human")
-                if answer in ("e", "edit"):
-                    code = self._edit(item.code)
-                    if code is None:
-                        self.stdout.write("no editor: set $EDITOR to edit candidates\n")
-                        continue
-                    return ReviewDecision(
-                        "edit", reason="edited at review", edited_code=code, by="human"
-                    )
-                self.stdout.write("please answer a, r, e, p or l\n")
-        except EOFError:
-            return ReviewDecision("pending", reason="no answer (end of input)", by="human")
-
-    def _edit(self, code: str) -> str | None:
-        import os
-        import shlex
-        import subprocess
-        import tempfile
-
-        editor = self.editor or os.environ.get("VISUAL") or os.environ.get("EDITOR")
-        if not editor:
-            return None
-        with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False, encoding="utf-8") as fh:
-            fh.write(code)
-            path = fh.name
-        try:
-            subprocess.run([*shlex.split(editor), path], check=False)
-            return Path(path).read_text(encoding="utf-8")
-        finally:
-            Path(path).unlink(missing_ok=True)
 
 
 class ProgressPrinter:

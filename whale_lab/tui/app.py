@@ -3,7 +3,7 @@
 The engine runs in one thread worker. It reaches the UI only through a thread-safe inbox (events
 from `RunStore` listeners) that a timer drains every `flush_interval` seconds into the view
 model (`state.RunView`), and through `post_message`. Commands go back through a
-`CommandChannel`; review decisions through `TuiReviewer`. Nothing here imports torch,
+`CommandChannel`; review decisions through `ThreadReviewer`. Nothing here imports torch,
 transformers, peft or vllm: the engine is imported inside the worker.
 """
 
@@ -34,13 +34,13 @@ from textual.widgets import DataTable, Footer, OptionList, TabbedContent, TabPan
 from textual.worker import Worker, WorkerState
 
 from whale_lab.config import Config
-from whale_lab.engine.control import Command, CommandChannel, ReviewDecision
 from whale_lab.events import Event
 from whale_lab.quiet import quiet_libraries
+from whale_lab.reviewers import ThreadReviewer
+from whale_lab.seams import Command, CommandChannel, ReviewDecision
 from whale_lab.tui import render
 from whale_lab.tui.commands import WhaleCommands
 from whale_lab.tui.keys import APP_BINDINGS, KeymapError, effective_keys, validate_keymap
-from whale_lab.tui.reviewer import TuiReviewer
 from whale_lab.tui.screens import (
     ConfirmScreen,
     HelpScreen,
@@ -66,7 +66,7 @@ from whale_lab.tui.widgets import (
     StatusPanel,
 )
 
-EngineFactory = Callable[[Config, "str | None", TuiReviewer, CommandChannel], tuple[Any, Any]]
+EngineFactory = Callable[[Config, "str | None", ThreadReviewer, CommandChannel], tuple[Any, Any]]
 
 TABS = ("rollouts", "accuracy", "review", "control", "log")
 CONTROL_ACTIONS = ("pause", "resume", "switch", "probe", "stop")
@@ -84,7 +84,7 @@ TAB_FOCUS = {
 
 
 def default_engine_factory(
-    cfg: Config, run_dir: str | None, reviewer: TuiReviewer, commands: CommandChannel
+    cfg: Config, run_dir: str | None, reviewer: ThreadReviewer, commands: CommandChannel
 ) -> tuple[Any, Any]:
     """The real engine, imported here (in the worker thread) so the TUI stays light."""
     quiet_libraries()
@@ -141,7 +141,7 @@ class WhaleLabApp(App[int]):
         self.view = RunView()
         self.run_root: Path | None = Path(run_dir) if run_dir is not None else None
         self.commands = CommandChannel()
-        self.reviewer = TuiReviewer(self.commands, on_request=self._on_review_request)
+        self.reviewer = ThreadReviewer(self.commands, on_request=self._on_review_request)
         self.terminal_guard: TerminalGuard | None = None
         self.engine_left_running = False
         self.engine_error: str = ""
@@ -244,7 +244,7 @@ class WhaleLabApp(App[int]):
         if self._engine_started:
             # a fresh channel and reviewer: the old ones carry a stop request
             self.commands = CommandChannel()
-            self.reviewer = TuiReviewer(self.commands, on_request=self._on_review_request)
+            self.reviewer = ThreadReviewer(self.commands, on_request=self._on_review_request)
         self._engine_started = True
         self._pause_sent = self._probe_sent = False
         self.engine_error = ""
@@ -258,7 +258,7 @@ class WhaleLabApp(App[int]):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="engine", name="engine")
     def _run_engine(
-        self, run_dir: str | None, known: int, reviewer: TuiReviewer, commands: CommandChannel
+        self, run_dir: str | None, known: int, reviewer: ThreadReviewer, commands: CommandChannel
     ) -> str:
         engine, store = self.engine_factory(self.cfg, run_dir, reviewer, commands)
         try:

@@ -184,7 +184,7 @@ class RsftPhase:
     def _open_host(self, harness_path: str | Path) -> Any:
         from whale_lab.harness import HarnessHost
 
-        return HarnessHost(harness_path, self.domain.name, self.cfg.harness_search.sandbox)
+        return HarnessHost(harness_path, self.domain.name, self.cfg.sandbox)
 
     # ------------------------------------------------------------------ the phase
     def run(
@@ -475,7 +475,7 @@ class RsftPhase:
                 k,
                 self.backend,
                 self.sampling_params(_mix_seed(self.cfg.run.seed, 1_000_003, i)),
-                sandbox=self.cfg.harness_search.sandbox,
+                sandbox=self.cfg.sandbox,
                 max_context_tokens=self.cfg.model.max_context_tokens,
                 batch_episodes=max(1, self.cfg.sampling.batch_size) * 4,
                 on_episode=sink,

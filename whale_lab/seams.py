@@ -1,7 +1,9 @@
-"""The engine's two inbound seams: a command channel polled at safe points, and a reviewer.
+"""What the engine, the search phase and every front end share: commands and the review seam.
 
-The TUI, the headless CLI and the tests each provide their own reviewer and push commands; the
-engine never knows which.
+The engine has two inbound seams: a command channel polled at safe points, and a reviewer that
+answers approve / reject / edit / pin for each candidate. The TUI, the headless CLI and the tests
+each bring their own reviewer and push commands; the engine never knows which. These types live
+below both the engine and the search phase, so neither imports the other's types.
 """
 
 from __future__ import annotations
@@ -68,8 +70,3 @@ class Reviewer(Protocol):
     def review(self, item: ReviewItem) -> ReviewDecision:
         """Block until a decision, or return "pending" when the engine must stop first."""
         ...
-
-
-class AutoReviewer:
-    def review(self, item: ReviewItem) -> ReviewDecision:
-        return ReviewDecision("approve", reason="auto", by="auto")
