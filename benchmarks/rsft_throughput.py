@@ -157,6 +157,7 @@ def visibility(args: argparse.Namespace) -> dict[str, Any]:
     from whale_lab.backends import make_backend
     from whale_lab.backends.base import SamplingParams
     from whale_lab.config import config_from_dict
+    from whale_lab.context import RunContext
     from whale_lab.store import RunStore
     from whale_lab.trace import EpisodeTrace, TurnRecord
     from whale_lab.weights.rsft import RsftPhase
@@ -190,11 +191,11 @@ def visibility(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = config_from_dict(base_cfg)
         backend = make_backend(cfg)
-        phase = RsftPhase(cfg, backend, ParityDomain(), RunStore(Path(tmp) / "hf"))
+        phase = RsftPhase(RunContext.of(cfg, backend, ParityDomain(), RunStore(Path(tmp) / "hf")))
         before = [g.token_ids for g in backend.generate(probe, greedy)]
         phase.update([trace] * 8)
         t0 = time.perf_counter()
-        phase._publish()
+        phase.publish()
         after = [g.token_ids for g in backend.generate(probe, greedy)]
         out["hf_publish_s"] = round(phase.last_publish_seconds, 6)
         out["hf_first_generate_after_update_s"] = round(time.perf_counter() - t0, 4)
@@ -222,13 +223,13 @@ def visibility(args: argparse.Namespace) -> dict[str, Any]:
                 }
             )
             backend = make_backend(cfg)
-            phase = RsftPhase(cfg, backend, ParityDomain(), RunStore(Path(tmp) / "openai"))
+            phase = RsftPhase(RunContext.of(cfg, backend, ParityDomain(), RunStore(Path(tmp) / "openai")))
             before_text = [g.text for g in backend.generate(probe, greedy)]
             times = []
             for i in range(args.publish_repeats):
                 phase.update([trace] * 8, seed=i)
                 phase.step += 1
-                phase._publish()
+                phase.publish()
                 times.append(phase.last_publish_seconds)
             after_text = [g.text for g in backend.generate(probe, greedy)]
             out["openai_save_and_load_adapter_s"] = round(statistics.median(times), 4)

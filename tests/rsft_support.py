@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from whale_lab.config import Config, config_from_dict
+from whale_lab.context import RunContext
 from whale_lab.domains.base import SPLITS, Action, Domain, Env, Split, StepOutcome, Task
 
 HARNESS = 'USER_PROMPT = "{question}"\nMAX_TURNS = 1\n'
@@ -105,7 +106,7 @@ def _train_until_killed(run_dir: str) -> None:
 
     cfg = tiny_config()
     store = RunStore(run_dir)
-    phase = RsftPhase(cfg, make_backend(cfg), ParityDomain(), store)
+    phase = RsftPhase(RunContext.of(cfg, make_backend(cfg), ParityDomain(), store))
 
     def emit(event: Any) -> None:
         store.emit(event)

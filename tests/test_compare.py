@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from whale_lab.commands.common import EXIT_OK, EXIT_USAGE
+from whale_lab.commands.compare import run_compare
+from whale_lab.commands.probe import run_probe
+from whale_lab.commands.run import run_headless, run_resume
 from whale_lab.config import Config, load_config
-from whale_lab.engine.compare import run_compare
-from whale_lab.engine.headless import EXIT_OK, EXIT_USAGE, run_headless, run_probe, run_resume
 from whale_lab.store import RunStore, read_json
 
 SHORT = [

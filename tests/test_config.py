@@ -73,3 +73,48 @@ def test_cli_reports_config_errors_in_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert "sampling.temprature: unknown key (did you mean 'sampling.temperature'?)" in proc.stderr
+
+
+def test_the_old_sandbox_table_is_read_with_a_one_line_note(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from whale_lab.config import load_config
+
+    p = tmp_path / "whale.toml"
+    p.write_text("[harness_search.sandbox]\nmemory_mb = 777\n", encoding="utf-8")
+    cfg = load_config(p)
+    assert cfg.sandbox.memory_mb == 777
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "harness_search.sandbox is deprecated" in err[0]
+    assert "[sandbox]" in err[0]
+
+
+def test_the_new_sandbox_table_needs_no_note(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from whale_lab.config import load_config
+
+    p = tmp_path / "whale.toml"
+    p.write_text("[sandbox]\nmemory_mb = 778\n", encoding="utf-8")
+    assert load_config(p).sandbox.memory_mb == 778
+    assert capsys.readouterr().err == ""
+
+
+def test_the_sandbox_table_in_both_places_is_an_error(tmp_path: Path) -> None:
+    from whale_lab.config import ConfigError, load_config
+
+    p = tmp_path / "whale.toml"
+    p.write_text(
+        "[sandbox]\nmemory_mb = 1000\n[harness_search.sandbox]\nmemory_mb = 2000\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(ConfigError, match="keep only \\[sandbox\\]"):
+        load_config(p)
+
+
+def test_a_run_config_json_with_the_old_sandbox_place_still_loads() -> None:
+    from whale_lab.config import config_from_dict
+
+    raw = {"harness_search": {"sandbox": {"memory_mb": 999}}}
+    assert config_from_dict(raw).sandbox.memory_mb == 999
+    assert raw == {"harness_search": {"sandbox": {"memory_mb": 999}}}  # the input is not mutated

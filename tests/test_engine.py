@@ -264,7 +264,7 @@ def test_pause_probe_resume_stop_and_resume_the_run(tmp_path: Path) -> None:
         assert status.state == "paused" and status.phase == "weight"
         assert status.commands == {"resume", "switch", "probe", "stop"}
         steps_before = len(of(events, WeightStep))
-        rsft = engine._rsft
+        rsft = engine.book.rsft
         sampler, digest = rsft.sampler.state_dict(), backend.digest()
         harness = engine.harness_path.read_text(encoding="utf-8")
         commands.send(
@@ -323,7 +323,7 @@ def test_selection_is_by_val_and_test_is_only_reported(tmp_path: Path) -> None:
     ):
         folder = store.root / key
         folder.mkdir(parents=True)
-        engine.state["checkpoints"][key] = {
+        engine.state.checkpoints[key] = {
             "harness": f"{key}/harness.py",
             "weights": f"{key}/weights",
         }

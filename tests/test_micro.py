@@ -294,8 +294,9 @@ def test_pretrain_rejects_bad_options(capsys: pytest.CaptureFixture[str]) -> Non
 
 
 def test_calibrate_runs_on_small_splits(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from whale_lab.commands.micro import add_calibrate_arguments as add_arguments
+    from whale_lab.commands.micro import run_calibrate
     from whale_lab.config import load_config
-    from whale_lab.micro.calibrate import add_arguments, run_calibrate
 
     p = argparse.ArgumentParser()
     add_arguments(p)

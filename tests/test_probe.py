@@ -277,7 +277,7 @@ def test_a_probe_measures_both_sides_and_keeps_only_when_asked(tmp_path: Path) -
     from safetensors.torch import load_file
 
     saved = load_file(str(Path(latest["path"]) / "trainable.safetensors"))
-    live = {n: p for n, p in engine._rsft.tm.named_trainable()}
+    live = {n: p for n, p in engine.book.rsft.tm.named_trainable()}
     assert set(saved) == set(live)
     assert all(torch.equal(saved[n], live[n].detach().cpu()) for n in saved)
     state = store.read_state()

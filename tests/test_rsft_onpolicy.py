@@ -18,6 +18,7 @@ from rsft_support import ParityDomain, tiny_config, write_harness
 
 from whale_lab.backends import HFBackend, make_backend
 from whale_lab.backends.base import SamplingParams
+from whale_lab.context import RunContext
 from whale_lab.store import RunStore
 from whale_lab.weights.rsft import RsftPhase
 
@@ -35,7 +36,7 @@ def test_hf_backend_generates_with_the_weights_just_trained(tmp_path: Path) -> N
     cfg = tiny_config()
     backend = make_backend(cfg)
     assert isinstance(backend, HFBackend)
-    phase = RsftPhase(cfg, backend, ParityDomain(), RunStore(tmp_path / "run"))
+    phase = RsftPhase(RunContext.of(cfg, backend, ParityDomain(), RunStore(tmp_path / "run")))
     assert phase.mode == "in_place" and phase.tm.base is backend.model
 
     before = [g.token_ids for g in backend.generate(PROBE, GREEDY)]
@@ -79,7 +80,7 @@ def test_openai_backend_loads_each_new_adapter_and_uses_it(
     )
     backend = make_backend(cfg)
     try:
-        phase = RsftPhase(cfg, backend, ParityDomain(), RunStore(tmp_path / "run"))
+        phase = RsftPhase(RunContext.of(cfg, backend, ParityDomain(), RunStore(tmp_path / "run")))
         assert phase.mode == "adapter"
         harness = write_harness(tmp_path)
 

@@ -17,6 +17,7 @@ from rsft_support import ParityDomain, tiny_config, write_harness
 
 from whale_lab.backends import make_backend
 from whale_lab.backends.base import BackendError
+from whale_lab.context import RunContext
 from whale_lab.domains import make_domain
 from whale_lab.events import CheckpointSaved, EpisodeFinished, EvalResult, WeightStep
 from whale_lab.store import RunStore, read_json, read_jsonl
@@ -38,7 +39,7 @@ def make_phase(root: Path, cfg: Any = None, domain: Any = None) -> tuple[RsftPha
         store.emit(event)
         events.append(event)
 
-    phase = RsftPhase(cfg, make_backend(cfg), domain or ParityDomain(), store, emit)
+    phase = RsftPhase(RunContext.of(cfg, make_backend(cfg), domain or ParityDomain(), store, emit))
     return phase, events
 
 
@@ -207,19 +208,16 @@ def test_unusable_model_path_or_adapter_is_a_clear_error(tmp_path: Path) -> None
         model={"backend": "openai", "path": str(tmp_path / "missing"), "served_model": "x"}
     )
     with pytest.raises(BackendError, match="does not exist"):
-        RsftPhase(cfg, make_backend(cfg), ParityDomain(), RunStore(tmp_path / "r1"))
+        RsftPhase(RunContext.of(cfg, make_backend(cfg), ParityDomain(), RunStore(tmp_path / "r1")))
     cfg = tiny_config()
     with pytest.raises(WeightsError, match="adapter folder .* does not exist"):
         RsftPhase(
-            cfg,
-            make_backend(cfg),
-            ParityDomain(),
-            RunStore(tmp_path / "r2"),
+            RunContext.of(cfg, make_backend(cfg), ParityDomain(), RunStore(tmp_path / "r2")),
             init_adapter=tmp_path / "nope",
         )
     cfg = tiny_config(model={"lora": {"target_modules": ["c_attn"]}})
     with pytest.raises(WeightsError, match="c_attn"):
-        RsftPhase(cfg, make_backend(cfg), ParityDomain(), RunStore(tmp_path / "r3"))
+        RsftPhase(RunContext.of(cfg, make_backend(cfg), ParityDomain(), RunStore(tmp_path / "r3")))
 
 
 def test_full_finetuning_trains_the_served_model_itself(tmp_path: Path) -> None:
@@ -244,4 +242,4 @@ def test_full_finetuning_trains_the_served_model_itself(tmp_path: Path) -> None:
         rsft={"full_finetune": True}, model={"backend": "openai", "served_model": "x"}
     )
     with pytest.raises(WeightsError, match="only take new weights as a LoRA adapter"):
-        RsftPhase(openai, make_backend(openai), ParityDomain(), RunStore(tmp_path / "o"))
+        RsftPhase(RunContext.of(openai, make_backend(openai), ParityDomain(), RunStore(tmp_path / "o")))

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
+from whale_lab.commands.train import run_train
 from whale_lab.config import config_from_dict
 from whale_lab.events import EvalResult, RunFinished, RunStarted, WeightStep
 from whale_lab.store import RunStore, read_json
-from whale_lab.weights.train_cli import run_train
 
 MATH_TINY: dict[str, Any] = {
     "model": {"path": "tiny-random"},
@@ -68,7 +68,7 @@ def test_ctrl_c_stops_at_a_safe_point_and_resume_finishes_the_budget(tmp_path: P
     script = (
         "import json, sys\n"
         "from whale_lab.config import config_from_dict\n"
-        "from whale_lab.weights.train_cli import run_train\n"
+        "from whale_lab.commands.train import run_train\n"
         "cfg = config_from_dict(json.loads(sys.argv[1]))\n"
         "sys.exit(run_train(cfg, run_dir=sys.argv[2], progress=True))\n"
     )

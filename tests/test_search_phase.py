@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 from fixtures.openai_replay_server import ReplayServer, fault, say, tool_call
 
+from whale_lab.commands.search import run_search
 from whale_lab.config import Config, config_from_dict
+from whale_lab.context import RunContext
 from whale_lab.domains import make_domain
 from whale_lab.events import (
     CandidateProposed,
@@ -32,7 +34,6 @@ from whale_lab.seams import ReviewDecision, ReviewItem
 from whale_lab.search.meta_harness import HarnessPhase, PhaseStatus
 from whale_lab.search.proposers.llm import LLMProposer
 from whale_lab.search.proposers.manual import ManualProposer
-from whale_lab.search.search_cli import run_search
 from whale_lab.store import read_jsonl
 
 REPO = Path(__file__).resolve().parent.parent
@@ -103,7 +104,7 @@ def _phase(cfg: Config, backend, store, reviewer=None, **kw) -> HarnessPhase:
     from whale_lab.store import RunStore
 
     store = store if isinstance(store, RunStore) else RunStore(store)
-    return HarnessPhase(cfg, backend, make_domain(cfg), store, store.emit, reviewer, **kw)
+    return HarnessPhase(RunContext.of(cfg, backend, make_domain(cfg), store), reviewer, **kw)
 
 
 def _events(store_root: Path) -> list[dict]:

@@ -1,11 +1,15 @@
-"""`whale-lab`: a thin command line over the engine. With no subcommand it opens the TUI."""
+"""`whale-lab`: parse the command line and hand it to the sub-command's module.
+
+Each sub-command lives in `whale_lab.commands.<name>` and is imported only when it runs, so
+`whale-lab --help` stays fast. With no sub-command (or `tui`, or `run` / `resume` without
+`--headless`) the TUI opens.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -90,14 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("micro", help="the embedded micro model: pre-train it or measure calibration")
     micro = p.add_subparsers(dest="micro_command", required=True)
-    from whale_lab.micro import calibrate as _cal
-    from whale_lab.micro import pretrain as _pre
+    from whale_lab.commands import micro as _micro
 
     mp = micro.add_parser("pretrain", help="train the micro model from scratch on generated transcripts")
-    _pre.add_arguments(mp)
+    _micro.add_pretrain_arguments(mp)
     mc = micro.add_parser("calibrate", help="val mean@k under h0 and a stronger harness, per domain")
     _add_common(mc)
-    _cal.add_arguments(mc)
+    _micro.add_calibrate_arguments(mc)
     return parser
 
 
@@ -119,14 +122,14 @@ def _load(args: argparse.Namespace) -> Config:
 def _dispatch(args: argparse.Namespace) -> int:
     command = args.command or "tui"
     if command == "micro" and args.micro_command == "pretrain":
-        from whale_lab.micro.pretrain import run_pretrain
+        from whale_lab.commands.micro import run_pretrain
 
         return run_pretrain(args)
     if command == "resume":
-        from whale_lab.engine.headless import run_resume
-
         if args.headless:
-            return run_resume(args.run_dir, headless=True)
+            from whale_lab.commands.run import run_resume
+
+            return run_resume(args.run_dir)
         from whale_lab.tui import run_tui
 
         return run_tui(_load(args), run_dir=args.run_dir)
@@ -134,16 +137,16 @@ def _dispatch(args: argparse.Namespace) -> int:
         args.overrides.append(f'schedule.kind="{args.schedule}"')
     cfg = _load(args)
     if command == "eval":
-        from whale_lab.evaluate import run_eval
+        from whale_lab.commands.eval import run_eval
 
         return run_eval(cfg, harness=args.harness, split=args.split, k=args.k, as_json=args.json,
                         limit=args.limit)
     if command == "train":
-        from whale_lab.weights.train_cli import run_train
+        from whale_lab.commands.train import run_train
 
         return run_train(cfg, run_dir=args.resume, resume=args.resume is not None, adapter=args.adapter)
     if command == "search":
-        from whale_lab.search.search_cli import run_search
+        from whale_lab.commands.search import run_search
 
         return run_search(cfg, run_dir=args.resume, resume=args.resume is not None)
     if command == "tui":
@@ -152,29 +155,23 @@ def _dispatch(args: argparse.Namespace) -> int:
         return run_tui(cfg, run_dir=getattr(args, "run", None), replay_only=getattr(args, "view", False))
     if command == "run":
         if args.headless:
-            from whale_lab.engine.headless import run_headless
+            from whale_lab.commands.run import run_headless
 
             return run_headless(cfg)
         from whale_lab.tui import run_tui
 
         return run_tui(cfg)
     if command == "probe":
-        from whale_lab.engine.headless import run_probe
+        from whale_lab.commands.probe import run_probe
 
         keep: bool | str = False if args.keep is None else (True if args.keep == "best" else args.keep)
         return run_probe(cfg, run_dir=args.run, keep=keep)
     if command == "compare":
-        from whale_lab.engine.compare import CompareError, run_compare
+        from whale_lab.commands.compare import compare_command
 
-        schedules = [x.strip() for x in args.schedules.split(",") if x.strip()]
-        try:
-            seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
-        except ValueError:
-            raise CompareError(f"compare: --seeds must be integers separated by commas, got {args.seeds!r}") from None
-        out = args.out or str(Path(cfg.run.directory) / f"compare-{cfg.domain.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-        return run_compare(cfg, schedules, seeds, out)
+        return compare_command(cfg, args.schedules, args.seeds, args.out)
     if command == "micro":
-        from whale_lab.micro.calibrate import run_calibrate
+        from whale_lab.commands.micro import run_calibrate
 
         return run_calibrate(cfg, args)
     raise AssertionError(command)  # pragma: no cover

@@ -8,3 +8,10 @@ from __future__ import annotations
 
 class WhaleLabError(Exception):
     """A problem the user can act on: names what is wrong and where."""
+
+
+class BackendError(WhaleLabError, RuntimeError):
+    """A backend problem a user can act on (server down, model folder unusable, ...).
+
+    Defined here, below the backends, so model presets (which backends load) can raise it too.
+    """

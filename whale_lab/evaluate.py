@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -109,86 +107,3 @@ def score_harness(
         traces=traces,
         seconds=time.perf_counter() - t0,
     )
-
-
-def run_eval(cfg: Config, *, harness: str | None, split: str, k: int | None, as_json: bool,
-             limit: int | None = None, progress: bool = True) -> int:
-    """`whale-lab eval`: score a harness on a split, print mean@k/pass@k/diagnostics, keep traces."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from whale_lab.backends import make_backend
-    from whale_lab.domains import make_domain
-    from whale_lab.quiet import quiet_libraries
-    from whale_lab.store import RunStore, atomic_write_json
-
-    quiet_libraries()
-    console = Console(stderr=True)
-    k = k or cfg.sampling.k
-    harness_path = Path(harness) if harness else default_harness_path(cfg)
-    if not harness_path.exists():
-        console.print(f"[red]error:[/] harness file {harness_path} not found")
-        return 2
-    domain = make_domain(cfg)
-    tasks = domain.tasks(split)  # type: ignore[arg-type]
-    if limit:
-        tasks = tasks[:limit]
-    backend = make_backend(cfg)
-    store = RunStore.create(cfg.run.directory, f"eval-{cfg.domain.name}-{split}")
-    writer = store.trace_writer(f"eval-{split}")
-    total = len(tasks) * k
-    show = progress and not as_json and sys.stderr.isatty()
-    bar = Progress(TextColumn("[bold]eval[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), console=console, disable=not show, transient=True)
-    with bar:
-        job = bar.add_task(f"{cfg.domain.name}/{split}", total=total)
-
-        def on_episode(trace: EpisodeTrace) -> None:
-            writer.append(trace.to_dict())
-            bar.advance(job)
-
-        try:
-            report = score_harness(domain, harness_path, tasks, k, backend, sampling_params(cfg, cfg.run.seed),
-                                   sandbox=cfg.sandbox,
-                                   max_context_tokens=cfg.model.max_context_tokens,
-                                   batch_episodes=max(cfg.sampling.batch_size, 1) * 4,
-                                   on_episode=on_episode)
-        finally:
-            backend.close()
-            domain.close()
-    result = {"domain": cfg.domain.name, "split": split, "harness": str(harness_path),
-              "model": cfg.model.path, "run_dir": str(store.root), **report.summary()}
-    atomic_write_json(store.root / "eval.json", result)
-    store.close()
-    if as_json:
-        print(json.dumps(result, indent=2))
-        return 0
-    _print_report(result)
-    return 0
-
-
-def _print_report(result: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
-    console.print(
-        f"[bold]{result['domain']}[/] / {result['split']}  harness {result['harness']}  "
-        f"model {result['model']}"
-    )
-    console.print(
-        f"mean@{result['k']} [bold]{result['mean_at_k']:.3f}[/]   pass@{result['k']} "
-        f"{result['pass_at_k']:.3f}   tasks {result['n_tasks']}   rollouts {result['rollouts']}   "
-        f"mean turns {result['mean_turns']:.2f}   {result['seconds']:.1f}s"
-    )
-    table = Table(title="where failures come from", show_header=True)
-    table.add_column("diagnostic")
-    table.add_column("value", justify="right")
-    for key, label in metrics.FAILURE_LABELS.items():
-        if key in result["diagnostics"]:
-            table.add_row(label, f"{result['diagnostics'][key]:.3f}")
-    for key, value in sorted(result["diagnostics"].items()):
-        if key.startswith("stop_") and key not in metrics.FAILURE_LABELS and value:
-            table.add_row(f"ended: {key[5:]}", f"{value:.3f}")
-    console.print(table)
-    console.print(f"traces: {result['run_dir']}")

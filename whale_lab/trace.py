@@ -21,6 +21,32 @@ STOP_REASONS = (
     "backend_error",   # the model backend failed for this episode
 )
 
+# Keys that could carry a reference answer inside a trace's `info`; dropped before any trace is
+# written, so no file a proposer, a harness or a person browsing the run folder reads names one.
+PRIVATE_INFO_KEYS = frozenset(
+    {
+        "answer",
+        "answers",
+        "reference",
+        "references",
+        "gold",
+        "solution",
+        "target",
+        "ground_truth",
+        "expected",
+        "verifier",
+    }
+)
+
+
+def scrub_trace(record: dict[str, Any]) -> dict[str, Any]:
+    """A trace record without the `info` keys that could name the reference answer."""
+    rec = dict(record)
+    info = rec.get("info")
+    if isinstance(info, dict):
+        rec["info"] = {k: v for k, v in info.items() if str(k).lower() not in PRIVATE_INFO_KEYS}
+    return rec
+
 
 @dataclass
 class TurnRecord:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
-from whale_lab.errors import WhaleLabError
+from whale_lab.errors import BackendError  # noqa: F401 - re-exported: the backends' error
 
 Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": str}
 
@@ -35,10 +35,6 @@ class Generation:
     error: str = ""
 
 
-class BackendError(WhaleLabError, RuntimeError):
-    """A backend problem a user can act on (server down, model folder unusable, ...)."""
-
-
 @runtime_checkable
 class Backend(Protocol):
     name: str
@@ -52,3 +48,54 @@ class Backend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+# Input checks and stop handling every backend shares; they live here so backends never import
+# each other.
+
+
+def check_messages(messages: Sequence[Message], where: str) -> list[dict[str, str]]:
+    """Chat messages as plain dicts, or a BackendError naming the bad message."""
+    out: list[dict[str, str]] = []
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        raise BackendError(
+            f"{where}: expected a list of chat messages, got {type(messages).__name__}"
+        )
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise BackendError(
+                f"{where}, message {i}: expected a dict with a 'role' string, got {m!r:.80}"
+            )
+        content = m.get("content")
+        if not isinstance(content, str):
+            raise BackendError(
+                f"{where}, message {i} ({m['role']}): content must be a string, "
+                f"got {type(content).__name__}"
+            )
+        out.append({"role": m["role"], "content": content})
+    return out
+
+
+def check_params(params: SamplingParams) -> None:
+    """Reject sampling settings no backend can honour, naming the field."""
+    if params.temperature < 0:
+        raise BackendError(f"sampling temperature must be >= 0, got {params.temperature}")
+    if not 0.0 < params.top_p <= 1.0:
+        raise BackendError(f"sampling top_p must be in (0, 1], got {params.top_p}")
+    if params.top_k < 0:
+        raise BackendError(f"sampling top_k must be >= 0 (0 turns it off), got {params.top_k}")
+    if params.max_new_tokens < 1:
+        raise BackendError(f"sampling max_new_tokens must be >= 1, got {params.max_new_tokens}")
+    for s in params.stop:
+        if not isinstance(s, str) or not s:
+            raise BackendError(f"stop sequences must be non-empty strings, got {s!r}")
+
+
+def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
+    """Text before the earliest stop sequence (OpenAI semantics: the stop string is not returned)."""
+    best = -1
+    for s in stop:
+        pos = text.find(s)
+        if pos != -1 and (best == -1 or pos < best):
+            best = pos
+    return (text, False) if best == -1 else (text[:best], True)

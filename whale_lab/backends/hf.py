@@ -12,57 +12,18 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from whale_lab.backends.base import BackendError, Generation, Message, SamplingParams
+from whale_lab.backends.base import (
+    BackendError,
+    Generation,
+    Message,
+    SamplingParams,
+    check_messages,
+    check_params,
+    cut_at_stop,
+)
 
 if TYPE_CHECKING:
     from whale_lab.config import Config
-
-
-def check_messages(messages: Sequence[Message], where: str) -> list[dict[str, str]]:
-    """Chat messages as plain dicts, or a BackendError naming the bad message."""
-    out: list[dict[str, str]] = []
-    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
-        raise BackendError(
-            f"{where}: expected a list of chat messages, got {type(messages).__name__}"
-        )
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise BackendError(
-                f"{where}, message {i}: expected a dict with a 'role' string, got {m!r:.80}"
-            )
-        content = m.get("content")
-        if not isinstance(content, str):
-            raise BackendError(
-                f"{where}, message {i} ({m['role']}): content must be a string, "
-                f"got {type(content).__name__}"
-            )
-        out.append({"role": m["role"], "content": content})
-    return out
-
-
-def check_params(params: SamplingParams) -> None:
-    """Reject sampling settings no backend can honour, naming the field."""
-    if params.temperature < 0:
-        raise BackendError(f"sampling temperature must be >= 0, got {params.temperature}")
-    if not 0.0 < params.top_p <= 1.0:
-        raise BackendError(f"sampling top_p must be in (0, 1], got {params.top_p}")
-    if params.top_k < 0:
-        raise BackendError(f"sampling top_k must be >= 0 (0 turns it off), got {params.top_k}")
-    if params.max_new_tokens < 1:
-        raise BackendError(f"sampling max_new_tokens must be >= 1, got {params.max_new_tokens}")
-    for s in params.stop:
-        if not isinstance(s, str) or not s:
-            raise BackendError(f"stop sequences must be non-empty strings, got {s!r}")
-
-
-def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
-    """Text before the earliest stop sequence (OpenAI semantics: the stop string is not returned)."""
-    best = -1
-    for s in stop:
-        pos = text.find(s)
-        if pos != -1 and (best == -1 or pos < best):
-            best = pos
-    return (text, False) if best == -1 else (text[:best], True)
 
 
 class HFBackend:
@@ -323,7 +284,8 @@ def _load_tokenizer(name: str) -> Any:
     """The tokenizer alone (for a model given without one), set up as the loader sets it up."""
     from transformers import AutoTokenizer
 
-    from whale_lab.models import CHAT_TEMPLATE, resolve_model_path
+    from whale_lab.presets import resolve_model_path
+    from whale_lab.presets.common import CHAT_TEMPLATE
 
     path = resolve_model_path(name)
     try:

@@ -25,8 +25,15 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from whale_lab.backends.base import BackendError, Generation, Message, SamplingParams
-from whale_lab.backends.hf import check_messages, check_params, cut_at_stop
+from whale_lab.backends.base import (
+    BackendError,
+    Generation,
+    Message,
+    SamplingParams,
+    check_messages,
+    check_params,
+    cut_at_stop,
+)
 
 if TYPE_CHECKING:
     from whale_lab.config import Config
@@ -462,7 +469,7 @@ def _local_tokenizer(path: str) -> Any:
         log.warning("could not load the tokenizer in %s (%s); estimating token counts", folder, exc)
         return None
     if tok.chat_template is None:
-        from whale_lab.models import CHAT_TEMPLATE
+        from whale_lab.presets.common import CHAT_TEMPLATE
 
         tok.chat_template = CHAT_TEMPLATE
     return tok

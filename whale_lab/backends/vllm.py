@@ -14,8 +14,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from whale_lab.backends.base import BackendError, Generation, Message, SamplingParams
-from whale_lab.backends.hf import check_messages, check_params, cut_at_stop
+from whale_lab.backends.base import (
+    BackendError,
+    Generation,
+    Message,
+    SamplingParams,
+    check_messages,
+    check_params,
+    cut_at_stop,
+)
 
 if TYPE_CHECKING:
     from whale_lab.config import Config
@@ -88,7 +95,7 @@ class VLLMBackend:
     @classmethod
     def from_config(cls, cfg: Config, model: Any = None, tokenizer: Any = None) -> VLLMBackend:
         """vLLM over `cfg.model.path` (a preset resolves to its local folder first)."""
-        from whale_lab.models import resolve_model_path
+        from whale_lab.presets import resolve_model_path
 
         return cls(
             resolve_model_path(cfg.model.path),

@@ -465,6 +465,13 @@ class ChessDomain(Domain):
             raise ValueError(f"task {task.id} is not a chess puzzle (domain {task.domain!r})")
         return ChessEnv(str(answer["fen"]), list(answer["moves"]), task_id=task.id)
 
+    @staticmethod
+    def sample_observation(
+        fen: str, last_uci: str = "", last_san: str = "", accepted: Sequence[str] = ()
+    ) -> str:
+        """A position rendered as a harness sees it, for contract checks that know no domain."""
+        return render_observation(chess.Board(fen), last_uci or None, last_san or None, accepted)
+
     def normalise_action(self, raw: Any) -> Action:
         """str: a UCI move or a sentinel; dict: per docs/design.md; None or anything else: invalid."""
         if raw is None:

@@ -1,4 +1,4 @@
-"""`whale-lab compare`: schedules x seeds on one domain, one run folder each, one report.
+"""Comparing schedules: schedules x seeds on one domain, one run folder each, one report.
 
 Every run gets a fresh backend (so each starts from the base weights) and its own domain object
 (splits depend on the seed); approval is `approval.headless_mode` since nobody reviews. Run
@@ -6,32 +6,31 @@ folders are `<out>/<schedule>-seed<seed>/`; running the same comparison again sk
 completed and resumes those that did not. The report (`report.write_comparison`) lands in `<out>`:
 `summary.md` (the paper's main-table layout with 95% t-intervals across seeds and the best-on-test
 column marked as the paper's way), `results.json`, and accuracy-vs-rollouts plots (PNG, SVG).
+`compare_runs` leaves how each run is driven and shown to its caller (`whale-lab compare`, in
+`whale_lab.commands.compare`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Literal
 
 from whale_lab.config import Config
-from whale_lab.engine.headless import (
-    EXIT_FAILED,
-    EXIT_OK,
-    EXIT_STOPPED,
-    EXIT_USAGE,
-    HeadlessDisplay,
-    drive,
-    headless_config,
-    leave_now,
-    user_error_types,
-)
+from whale_lab.engine.headless import headless_config
 from whale_lab.engine.schedules import SCHEDULES
 from whale_lab.errors import WhaleLabError
 from whale_lab.reviewers import AutoReviewer
 from whale_lab.seams import CommandChannel
-from whale_lab.store import read_json
+from whale_lab.store import RunStore, read_json
+
+if TYPE_CHECKING:
+    from whale_lab.engine.engine import Engine
+
+# Drives one run to its end and says how it ended: "done", "stopped" or "left".
+RunDriver = Callable[["Engine", CommandChannel, RunStore, str], str]
 
 
 class CompareError(WhaleLabError, ValueError):
@@ -77,28 +76,34 @@ def _completed(folder: Path) -> bool:
     return state.get("status") == "completed"
 
 
-def run_compare(
-    cfg: Config, schedules: Sequence[str], seeds: Sequence[int], out_dir: str | Path
-) -> int:
-    """Run every schedule with every seed (sequentially), then write the comparison report."""
-    import sys
+@dataclass
+class CompareOutcome:
+    """How a comparison ended. "done": every run ended and the report is at `summary` (the runs
+    that raised are named in `failed`); "stopped" / "left": the run in `folder` was stopped on
+    request / left at once, and running the comparison again resumes it."""
 
-    from rich.console import Console
-
-    console = Console(stderr=True, highlight=False)
-    try:
-        return _compare(cfg, schedules, seeds, out_dir, console)
-    except (CompareError, *user_error_types()) as exc:
-        print(f"whale-lab: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    status: Literal["done", "stopped", "left"]
+    folder: Path | None = None
+    summary: Path | None = None
+    failed: list[str] = field(default_factory=list)
 
 
-def _compare(
-    cfg: Config, schedules: Sequence[str], seeds: Sequence[int], out_dir: str | Path, console: Any
-) -> int:
+def compare_runs(
+    cfg: Config,
+    schedules: Sequence[str],
+    seeds: Sequence[int],
+    out_dir: str | Path,
+    *,
+    drive_run: RunDriver,
+    log: Callable[[str], None],
+) -> CompareOutcome:
+    """Run every schedule with every seed (sequentially), then write the comparison report.
+
+    `drive_run(engine, commands, store, label)` runs one engine to its end; `log` gets one line
+    per run that is skipped (already completed) or that raised. Bad requests raise CompareError.
+    """
     from whale_lab.engine.engine import EngineError, create_run
     from whale_lab.engine.report import summarise_run, write_comparison
-    from whale_lab.quiet import quiet_libraries
 
     schedules, seeds = _check(schedules, seeds)
     if cfg.approval.headless_mode == "manual":
@@ -109,7 +114,6 @@ def _compare(
     if out.exists() and not out.is_dir():
         raise CompareError(f"compare: {out} exists and is not a folder")
     out.mkdir(parents=True, exist_ok=True)
-    quiet_libraries()
     folders: list[Path] = []
     failed: list[str] = []
     total = len(schedules) * len(seeds)
@@ -121,7 +125,7 @@ def _compare(
             label = f"[{n}/{total} {schedule} seed {seed}] "
             folders.append(folder)
             if _completed(folder):
-                console.print(f"{label}already completed: {folder}", markup=False, highlight=False)
+                log(f"{label}already completed: {folder}")
                 continue
             commands = CommandChannel()
             try:
@@ -134,35 +138,18 @@ def _compare(
             except EngineError as exc:
                 raise CompareError(f"{folder}: {exc}") from None
             try:
-                with HeadlessDisplay(console, prefix=label) as display:
-                    store.subscribe(display)
-                    how = drive(engine, commands, console)
+                how = drive_run(engine, commands, store, label)
             except Exception as exc:  # noqa: BLE001 - one failed run must not sink the others
-                console.print(
-                    f"{label}failed: {type(exc).__name__}: {exc}", markup=False, highlight=False
-                )
+                log(f"{label}failed: {type(exc).__name__}: {exc}")
                 failed.append(folder.name)
                 continue
             finally:
                 store.close()
             if how == "left":
-                leave_now(console, folder)
-            if how != "done" or engine.state.get("status") != "completed":
-                console.print(
-                    f"stopped; run the same compare command again to resume ({folder})",
-                    markup=False,
-                    highlight=False,
-                    soft_wrap=True,
-                )
-                return EXIT_STOPPED
+                return CompareOutcome("left", folder=folder, failed=failed)
+            if how != "done" or engine.state.status != "completed":
+                return CompareOutcome("stopped", folder=folder, failed=failed)
     summaries = [summarise_run(f) for f in folders if (f / "events.jsonl").exists()]
     title = f"Schedule comparison, model {cfg.model.path}"
     summary = write_comparison(out, summaries, title=title)
-    console.print(
-        summary.read_text(encoding="utf-8"), markup=False, highlight=False, soft_wrap=True
-    )
-    console.print(f"report: {summary}", markup=False, highlight=False, soft_wrap=True)
-    if failed:
-        console.print(f"failed runs: {', '.join(failed)}", markup=False, highlight=False)
-        return EXIT_FAILED
-    return EXIT_OK
+    return CompareOutcome("done", summary=summary, failed=failed)

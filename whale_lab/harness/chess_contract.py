@@ -10,6 +10,7 @@ the harness presents the position and parses the reply; it never chooses a move 
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from whale_lab.harness.ast_check import check_source, parse_source
@@ -38,24 +39,19 @@ SAMPLE_POSITIONS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
 )
 
 
-def observation_text(
+# Renders (FEN, last UCI, last SAN, accepted moves) as the observation text a harness receives.
+ObservationRenderer = Callable[[str, str, str, tuple[str, ...]], str]
+# (observation text, keyword context, one legal UCI move) for one sample position.
+SampleBoard = tuple[str, dict[str, Any], str]
+
+
+def documented_observation(
     fen: str, last_uci: str = "", last_san: str = "", accepted: tuple[str, ...] = ()
 ) -> str:
-    """The visible state of a position, exactly as the chess domain shows it to a harness."""
+    """The documented layout, for callers that name a domain without handing over its renderer."""
     import chess
 
     board = chess.Board(fen)
-    try:
-        from whale_lab.domains.chess import render_observation
-    except ImportError:  # pragma: no cover - the domain module ships with the package
-        return _fallback_observation(board, last_uci, accepted)
-    return render_observation(board, last_uci or None, last_san or None, accepted)
-
-
-def _fallback_observation(board: Any, last_uci: str, accepted: tuple[str, ...]) -> str:
-    """The documented layout: side, FEN, board, last reply, accepted moves, `- [uci] SAN=..`."""
-    import chess
-
     side = "white" if board.turn == chess.WHITE else "black"
     lines = [
         f"Side to move: {side}",
@@ -70,8 +66,11 @@ def _fallback_observation(board: Any, last_uci: str, accepted: tuple[str, ...]) 
     return "\n".join(lines)
 
 
-def sample_boards() -> list[tuple[str, dict[str, Any], str]]:
-    """(observation text, keyword context, one legal UCI move) for each sample position."""
+def sample_boards(render: ObservationRenderer = documented_observation) -> list[SampleBoard]:
+    """(observation text, keyword context, one legal UCI move) for each sample position.
+
+    `render` comes from the layer that knows the domain, so the text is what a harness really sees.
+    """
     import chess
 
     out = []
@@ -84,7 +83,7 @@ def sample_boards() -> list[tuple[str, dict[str, Any], str]]:
             "max_turns": MAX_TURNS_CAP,
         }
         legal = sorted(m.uci() for m in board.legal_moves)[0]
-        out.append((observation_text(fen, last_uci, last_san, accepted), ctx, legal))
+        out.append((render(fen, last_uci, last_san, accepted), ctx, legal))
     return out
 
 
@@ -112,8 +111,11 @@ def _int_problem(name: str, value: Any, lo: int, hi: int) -> str | None:
     return None
 
 
-def check_chess_contract(host: HarnessHost) -> list[str]:
-    """Every way a loaded harness breaks the WHALE chess contract; empty when it keeps to it."""
+def check_chess_contract(host: HarnessHost, boards: Sequence[SampleBoard]) -> list[str]:
+    """Every way a loaded harness breaks the WHALE chess contract; empty when it keeps to it.
+
+    `boards` (see `sample_boards`) are rendered by the caller, which knows the domain.
+    """
     path = str(host.path)
     problems = static_problems(host.source, path)
     if problems:
@@ -130,7 +132,6 @@ def check_chess_contract(host: HarnessHost) -> list[str]:
         if problem:
             problems.append(f"{path}: {problem}")
 
-    boards = sample_boards()
     for n, res in enumerate(host.call("propose_action", [[obs] for obs, _, _ in boards]), 1):
         if not res.ok:
             problems.append(

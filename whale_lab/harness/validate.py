@@ -29,6 +29,18 @@ def _domain_name(domain: Any) -> str:
     return domain if isinstance(domain, str) else str(getattr(domain, "name", ""))
 
 
+def _chess_boards(domain: Any) -> list[chess_contract.SampleBoard]:
+    """The contract's sample boards, rendered by the domain object when it offers a renderer.
+
+    The domain renders them so the check sees exactly the text a harness gets; a domain given by
+    name only gets the contract's documented layout, since this layer does not import domains.
+    """
+    render = getattr(domain, "sample_observation", None)
+    if isinstance(domain, str) or not callable(render):
+        return chess_contract.sample_boards()
+    return chess_contract.sample_boards(render)
+
+
 def _sample_request(domain: Any, max_turns: int) -> dict[str, Any]:
     """A render request for a smoke call: the domain's first harness task if it can give one."""
     if not isinstance(domain, str):
@@ -79,7 +91,8 @@ def validate_harness(
 ) -> ValidationResult:
     """AST check, load in the host (constants type-checked there), domain contract, smoke calls.
 
-    `domain` is a Domain or its name; the chess domain adds the WHALE chess contract.
+    `domain` is a Domain or its name; the chess domain adds the WHALE chess contract, whose sample
+    boards a chess Domain object renders itself (`sample_observation`).
     """
     p = Path(path)
     name = _domain_name(domain)
@@ -106,6 +119,6 @@ def validate_harness(
     with host:
         problems = _smoke(host, domain)
         if name == "chess":
-            problems += chess_contract.check_chess_contract(host)
+            problems += chess_contract.check_chess_contract(host, _chess_boards(domain))
         info = host.info
     return ValidationResult(not problems, problems[0] if problems else "", info, tuple(problems))

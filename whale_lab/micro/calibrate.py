@@ -1,26 +1,24 @@
 """Calibration: does the micro model leave room for both levers, and which one binds where?
 
-`whale-lab micro calibrate [--domain D] [--tasks N]` measures, for each built-in domain, val
-mean@k under the base harness h0 and under a stronger hand-written harness
-(`harnesses/<domain>/calibration_strong.py`) with the weights fixed; with `--rsft-epochs E` it then
-runs online RSFT under h0 for E epochs of the weight split (the project's own `RsftPhase`, LoRA,
-weights updated in place) and measures both harnesses again. It prints a Markdown table for the
-README. The targets (issue "embedded default"): h0 between 5% and 40%; search harness-limited
-(strong - h0 >= 15 points, more than RSFT adds); math weight-limited (RSFT adds >= 15 points, the
-harness alone < 5); chess: both levers help. On chess, with an in-process (hf) backend, it also
-reports the listed-move mass (`move_mass.py`): how much probability the model puts on the legal
-moves it is shown, which says whether a harness layout can help at all.
+`whale-lab micro calibrate [--domain D] [--tasks N]` (in `whale_lab.commands.micro`) measures, for
+each built-in domain, val mean@k under the base harness h0 and under a stronger hand-written
+harness (`harnesses/<domain>/calibration_strong.py`) with the weights fixed; with
+`--rsft-epochs E` it then runs online RSFT under h0 for E epochs of the weight split (the
+project's own `RsftPhase`, LoRA, weights updated in place) and measures both harnesses again. The
+command prints a Markdown table for the README. The targets (issue "embedded default"): h0
+between 5% and 40%; search harness-limited (strong - h0 >= 15 points, more than RSFT adds); math
+weight-limited (RSFT adds >= 15 points, the harness alone < 5); chess: both levers help. On
+chess, with an in-process (hf) backend, it also reports the listed-move mass (`move_mass.py`):
+how much probability the model puts on the legal moves it is shown, which says whether a harness
+layout can help at all.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -70,8 +68,9 @@ def calibrate_domain(
     """Measure one domain: h0 and strong on val, then (optionally) RSFT under h0 and both again."""
     from whale_lab.backends import make_backend
     from whale_lab.config import SplitSizes
+    from whale_lab.context import Evaluator, RunContext
     from whale_lab.domains import make_domain
-    from whale_lab.evaluate import sampling_params, score_harness
+    from whale_lab.evaluate import sampling_params
 
     t0 = time.perf_counter()
     h0_path, strong_path = harness_paths(domain_name)
@@ -85,6 +84,7 @@ def calibrate_domain(
     domain = make_domain(cfg)
     backend = make_backend(cfg)
     params = sampling_params(cfg, cfg.run.seed)
+    evaluator = Evaluator.from_config(cfg, backend, domain)
     val = domain.tasks("val")
     diagnostics: dict[str, dict[str, float]] = {}
     move_mass: dict[str, float] = {}
@@ -100,17 +100,7 @@ def calibrate_domain(
         log(f"  {domain_name:6s} {label:13s} {m.summary()}")
 
     def score(path: Path, label: str) -> float:
-        report = score_harness(
-            domain,
-            path,
-            val,
-            k,
-            backend,
-            params,
-            sandbox=cfg.sandbox,
-            max_context_tokens=cfg.model.max_context_tokens,
-            batch_episodes=max(cfg.sampling.batch_size, 1) * 4,
-        )
+        report = evaluator.score(path, val, k, params)
         diagnostics[label] = {
             key: round(float(v), 4)
             for key, v in report.diagnostics.items()
@@ -137,7 +127,7 @@ def calibrate_domain(
 
             with tempfile.TemporaryDirectory(prefix="whale-calibrate-") as tmp:
                 store = RunStore.create(tmp, f"calibrate-{domain_name}")
-                phase = RsftPhase(cfg, backend, domain, store, emit=lambda event: None)
+                phase = RsftPhase(RunContext.of(cfg, backend, domain, store, lambda event: None))
                 result = phase.run(h0_path, epochs=rsft_epochs)
                 store.close()
             row.rsft_epochs = rsft_epochs
@@ -182,88 +172,3 @@ def markdown_table(rows: Sequence[CalibrationRow]) -> str:
             f"{_pct(r.rsft_strong)} |"
         )
     return "\n".join(lines)
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of `whale-lab micro calibrate`."""
-    p.add_argument(
-        "--domain",
-        dest="domains",
-        choices=DOMAINS,
-        action="append",
-        default=None,
-        help="a domain to measure (repeatable; default: all three)",
-    )
-    p.add_argument("--tasks", type=int, default=32, help="val tasks per domain (default 32)")
-    p.add_argument("--k", type=int, default=8, help="samples per task (default 8)")
-    p.add_argument(
-        "--rsft-epochs",
-        type=float,
-        default=0.0,
-        help="also run RSFT under h0 for this many epochs of the weight split and "
-        "measure again (default 0: harness lever only)",
-    )
-    p.add_argument(
-        "--json",
-        dest="json_out",
-        default=None,
-        metavar="PATH",
-        help="also write the rows as JSON to PATH",
-    )
-
-
-def run_calibrate(cfg: Any, args: argparse.Namespace) -> int:
-    """`whale-lab micro calibrate`: measure, print the Markdown table; returns the exit status."""
-    from whale_lab.quiet import quiet_libraries
-
-    quiet_libraries()
-    if args.tasks < 1:
-        print(f"whale-lab: error: --tasks must be >= 1, got {args.tasks}", file=sys.stderr)
-        return 2
-    if args.k < 1:
-        print(f"whale-lab: error: --k must be >= 1, got {args.k}", file=sys.stderr)
-        return 2
-    if args.rsft_epochs < 0:
-        print(
-            f"whale-lab: error: --rsft-epochs must be >= 0, got {args.rsft_epochs}", file=sys.stderr
-        )
-        return 2
-    domains = list(dict.fromkeys(args.domains or DOMAINS))
-    rows = []
-
-    def log(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
-
-    log(
-        f"calibrating {', '.join(domains)} on model {cfg.model.path!r}: val {args.tasks} tasks, "
-        f"k={args.k}" + (f", RSFT {args.rsft_epochs:g} epochs" if args.rsft_epochs else "")
-    )
-    for d in domains:
-        rows.append(
-            calibrate_domain(
-                d, cfg=cfg, tasks=args.tasks, k=args.k, rsft_epochs=args.rsft_epochs, log=log
-            )
-        )
-    print(markdown_table(rows))
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    from whale_lab.config import find_default_config, load_config
-
-    p = argparse.ArgumentParser(
-        prog="python -m whale_lab.micro.calibrate",
-        description="Measure the micro model's calibration targets.",
-    )
-    add_arguments(p)
-    p.add_argument("--config", default=None)
-    p.add_argument("--set", dest="overrides", action="append", default=[])
-    args = p.parse_args(argv)
-    path = args.config or (str(find_default_config()) if find_default_config() else None)
-    return run_calibrate(load_config(path, args.overrides), args)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())

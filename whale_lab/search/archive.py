@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from whale_lab.store import atomic_write_json, atomic_write_text, read_json, read_jsonl
+from whale_lab.trace import scrub_trace
 
 STATUSES = (
     "proposed",
@@ -35,22 +36,6 @@ TERMINAL_STATUSES = frozenset({"invalid", "rejected", "evaluated", "crashed", "a
 SCORED_STATUSES = frozenset({"evaluated", "accepted"})
 
 SURFACES = ("prompts", "tool_io", "parser", "feedback", "context", "termination")
-
-# Keys that could carry a reference answer inside a trace's `info`; dropped before writing.
-_PRIVATE_INFO_KEYS = frozenset(
-    {
-        "answer",
-        "answers",
-        "reference",
-        "references",
-        "gold",
-        "solution",
-        "target",
-        "ground_truth",
-        "expected",
-        "verifier",
-    }
-)
 
 _ID_RE = re.compile(r"^c(\d{3,})$")
 
@@ -90,15 +75,6 @@ def unified_diff(parent_code: str, code: str, parent_id: str, candidate_id: str)
     for line in lines:
         out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
     return "".join(out)
-
-
-def scrub_trace(record: dict[str, Any]) -> dict[str, Any]:
-    """Drop anything in a trace's `info` that could name the reference answer."""
-    rec = dict(record)
-    info = rec.get("info")
-    if isinstance(info, dict):
-        rec["info"] = {k: v for k, v in info.items() if str(k).lower() not in _PRIVATE_INFO_KEYS}
-    return rec
 
 
 def trace_id(candidate_id: str, record: dict[str, Any]) -> str:

@@ -19,13 +19,13 @@ from typing import Any
 
 from whale_lab.backends.base import Backend, BackendError
 from whale_lab.config import Config
+from whale_lab.context import EpisodeSink, RunContext
 from whale_lab.domains.base import Domain, Task
 from whale_lab.errors import WhaleLabError
 from whale_lab.events import (
     CandidateProposed,
     CandidateScored,
     CandidateValidated,
-    EpisodeFinished,
     Event,
     HarnessAccepted,
     Log,
@@ -42,7 +42,6 @@ from whale_lab.search.archive import (
     TERMINAL_STATUSES,
     ArchiveError,
     PhaseArchive,
-    scrub_trace,
 )
 from whale_lab.search.proposers.base import (
     ProposalRequest,
@@ -110,11 +109,7 @@ class HarnessPhase:
 
     def __init__(
         self,
-        cfg: Config,
-        backend: Backend,
-        domain: Domain,
-        store: RunStore,
-        emit: Callable[[Event], None] | None,
+        ctx: RunContext,
         reviewer: Reviewer | None,
         *,
         cycle: int = 1,
@@ -123,11 +118,14 @@ class HarnessPhase:
         gate: ApprovalGate | None = None,
         prompt_only: bool | None = None,
     ) -> None:
-        self.cfg = cfg
-        self.backend = backend
-        self.domain = domain
-        self.store = store
-        self.emit: Callable[[Event], None] = emit or store.emit
+        self.ctx = ctx
+        cfg, store = ctx.cfg, ctx.store
+        self.cfg: Config = cfg
+        self.backend: Backend = ctx.backend
+        self.domain: Domain = ctx.domain
+        self.store: RunStore = store
+        self.emit: Callable[[Event], None] = ctx.emit
+        self.evaluator = ctx.evaluator
         self.cycle = cycle
         root = (
             Path(phase_dir) if phase_dir else store.root / "harness_phases" / f"cycle-{cycle:02d}"
@@ -442,12 +440,9 @@ class HarnessPhase:
         smoke_tasks = self.tasks[: self.cfg.harness_search.smoke_tasks]
         outcome = validate_candidate(
             self.archive.folder(cid) / "harness.py",
-            self.domain,
-            self.sandbox,
+            self.evaluator,
             smoke_tasks=smoke_tasks,
-            backend=self.backend,
             params=self.params,
-            max_context_tokens=self.cfg.model.max_context_tokens,
             parent_code=parent_code,
             prompt_only=self.prompt_only,
             should_stop=self._stop,
@@ -532,47 +527,21 @@ class HarnessPhase:
         self.archive.write_summary()
 
     def _score(self, cid: str) -> None:
-        from whale_lab.evaluate import score_harness
-
         folder = self.archive.folder(cid)
         traces_path = folder / "traces.jsonl"
         traces_path.unlink(missing_ok=True)  # a partial file from an interrupted scoring
-        writer = JsonlWriter(traces_path)
-        try:
-            rel = traces_path.relative_to(self.store.root).as_posix()
-        except ValueError:
-            rel = str(traces_path)
-
-        def on_episode(trace: Any) -> None:
-            d = trace.to_dict()
-            line = writer.append(scrub_trace(d))
-            self.emit(
-                EpisodeFinished(
-                    phase="harness",
-                    task_id=trace.task_id,
-                    sample=trace.sample,
-                    turns=trace.n_turns,
-                    reward=trace.reward,
-                    stop_reason=trace.stop_reason,
-                    tokens=trace.prompt_tokens + trace.completion_tokens,
-                    harness=cid,
-                    trace_path=rel,
-                    trace_line=line,
-                )
-            )
+        on_episode = EpisodeSink.for_file(
+            traces_path, self.store.root, self.emit, phase="harness", harness=cid
+        )
 
         error = ""
         report = None
         try:
-            report = score_harness(
-                self.domain,
+            report = self.evaluator.score(
                 folder / "harness.py",
                 self.tasks,
                 self.k,
-                self.backend,
                 self.params,
-                sandbox=self.sandbox,
-                max_context_tokens=self.cfg.model.max_context_tokens,
                 on_episode=on_episode,
                 should_stop=self._stop,
             )
@@ -581,7 +550,7 @@ class HarnessPhase:
         except Exception as exc:  # noqa: BLE001 - the candidate's crash, recorded as such
             error = f"{type(exc).__name__}: {exc}"
         finally:
-            writer.close()
+            on_episode.close()
         if self._stop():
             raise _Stopped()
         if report is None:

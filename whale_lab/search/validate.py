@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from whale_lab.backends.base import Backend, SamplingParams
+from whale_lab.backends.base import SamplingParams
 from whale_lab.config import SandboxConfig
+from whale_lab.context import Evaluator
 from whale_lab.domains.base import Domain, Task
 from whale_lab.search.prompt_only import prompt_only_violation
 
@@ -90,38 +91,28 @@ def summarise_traces(traces: Sequence[Any]) -> dict[str, Any]:
 
 def validate_candidate(
     path: str | Path,
-    domain: Domain,
-    sandbox: SandboxConfig,
+    evaluator: Evaluator,
     *,
     smoke_tasks: Sequence[Task],
-    backend: Backend,
     params: SamplingParams,
-    max_context_tokens: int,
     parent_code: str | None = None,
     prompt_only: bool = False,
     should_stop: Callable[[], bool] | None = None,
 ) -> ValidationOutcome:
     """Static checks, then a smoke run (1 rollout on each smoke task)."""
-    from whale_lab.evaluate import score_harness
     from whale_lab.harness import HarnessLoadError
 
     static = static_validation(
-        path, domain, sandbox, parent_code=parent_code, prompt_only=prompt_only
+        path,
+        evaluator.domain,
+        evaluator.sandbox,
+        parent_code=parent_code,
+        prompt_only=prompt_only,
     )
     if not static.ok or not smoke_tasks:
         return static
     try:
-        report = score_harness(
-            domain,
-            path,
-            list(smoke_tasks),
-            1,
-            backend,
-            params,
-            sandbox=sandbox,
-            max_context_tokens=max_context_tokens,
-            should_stop=should_stop,
-        )
+        report = evaluator.score(path, list(smoke_tasks), 1, params, should_stop=should_stop)
     except HarnessLoadError as exc:
         return ValidationOutcome(False, f"smoke run: {exc}", "smoke")
     if should_stop is not None and should_stop():

@@ -27,10 +27,10 @@ from typing import Any
 
 from whale_lab.backends.base import Backend, BackendError, SamplingParams
 from whale_lab.config import Config
+from whale_lab.context import EpisodeSink, RunContext
 from whale_lab.domains.base import Domain, Task
 from whale_lab.events import (
     CheckpointSaved,
-    EpisodeFinished,
     EvalResult,
     Event,
     Log,
@@ -88,20 +88,19 @@ class RsftPhase:
 
     def __init__(
         self,
-        cfg: Config,
-        backend: Backend,
-        domain: Domain,
-        store: RunStore,
-        emit: Callable[[Event], None] | None = None,
+        ctx: RunContext,
         *,
         cycle: int = 0,
         init_adapter: str | Path | None = None,
     ) -> None:
-        self.cfg = cfg
-        self.backend = backend
-        self.domain = domain
-        self.store = store
-        self.emit = emit if emit is not None else store.emit
+        self.ctx = ctx
+        cfg, domain, store = ctx.cfg, ctx.domain, ctx.store
+        self.cfg: Config = cfg
+        self.backend: Backend = ctx.backend
+        self.domain: Domain = domain
+        self.store: RunStore = store
+        self.emit: Callable[[Event], None] = ctx.emit
+        self.evaluator = ctx.evaluator
         self.cycle = cycle
         self.harness_rollouts = 0  # set by the engine, reported beside evaluations
         self.weight_tasks: list[Task] = list(domain.tasks("weight"))
@@ -182,9 +181,7 @@ class RsftPhase:
 
     # ------------------------------------------------------------------ harness host
     def _open_host(self, harness_path: str | Path) -> Any:
-        from whale_lab.harness import HarnessHost
-
-        return HarnessHost(harness_path, self.domain.name, self.cfg.sandbox)
+        return self.evaluator.host(harness_path)
 
     # ------------------------------------------------------------------ the phase
     def run(
@@ -223,7 +220,7 @@ class RsftPhase:
         name = str(getattr(host.info, "name", Path(harness_path).stem))
         reason = "stop"
         try:
-            self._publish(initial=True)
+            self.publish(initial=True)
             if eval_at_start and not self.evals and self.step == 0:
                 if self._evaluate(harness_path, name, host, should_stop) is None:
                     return self._result(reason)
@@ -308,37 +305,15 @@ class RsftPhase:
 
     def _episode_sink(
         self, trace_name: str, phase: str, harness: str, extra: dict[str, Any]
-    ) -> Callable[[EpisodeTrace], None]:
-        writer = self.store.trace_writer(trace_name)
-        rel = f"traces/{trace_name}.jsonl"
-
-        def sink(trace: EpisodeTrace) -> None:
-            rec = trace.to_dict()
-            rec["info"] = {**rec.get("info", {}), **extra}
-            line = writer.append(rec)
-            self.emit(
-                EpisodeFinished(
-                    phase=phase,
-                    task_id=trace.task_id,
-                    sample=trace.sample,
-                    turns=trace.n_turns,
-                    reward=trace.reward,
-                    stop_reason=trace.stop_reason,
-                    tokens=trace.prompt_tokens + trace.completion_tokens,
-                    harness=harness,
-                    trace_path=rel,
-                    trace_line=line,
-                )
-            )
-
-        return sink
+    ) -> EpisodeSink:
+        return EpisodeSink.for_store(
+            self.store, self.emit, trace_name, phase=phase, harness=harness, info=extra
+        )
 
     def _step(
         self, host: Any, harness_name: str, should_stop: Callable[[], bool] | None
     ) -> WeightStep | None:
         """One RSFT step; None (and nothing counted) when stopped before its rollouts finished."""
-        from whale_lab.rollout import run_episodes
-
         rs = self.cfg.rsft
         t0 = time.perf_counter()
         before = self.sampler.state_dict()
@@ -349,13 +324,10 @@ class RsftPhase:
         sink = self._episode_sink(
             "weight", "weight", harness_name, {"rsft_step": n, "cycle": self.cycle}
         )
-        traces = run_episodes(
+        traces = self.evaluator.episodes(
             jobs,
-            self.domain,
             host,
-            self.backend,
             self.sampling_params(_mix_seed(self.cfg.run.seed, n)),
-            max_context_tokens=self.cfg.model.max_context_tokens,
             on_episode=sink,
             should_stop=should_stop,
         )
@@ -368,7 +340,7 @@ class RsftPhase:
         self.rollouts += len(traces)
         if stats.minibatches - stats.skipped_nonfinite > 0:
             self.updates += 1
-            self._publish()
+            self.publish()
         rewards = [t.reward for t in traces]
         ev = WeightStep(
             cycle=self.cycle,
@@ -424,7 +396,7 @@ class RsftPhase:
         return stats
 
     # ------------------------------------------------------------------ serving new weights
-    def _publish(self, initial: bool = False) -> None:
+    def publish(self, initial: bool = False) -> None:
         """Make the current weights the ones the backend generates with (adapter backends)."""
         if self.mode != "adapter":
             self.last_publish_seconds = 0.0  # in place: the backend already holds these weights
@@ -445,7 +417,7 @@ class RsftPhase:
         """Evaluate now on val and test (outside `run`), with a checkpoint and best tracking."""
         host = self._open_host(harness_path)
         try:
-            self._publish(initial=True)
+            self.publish(initial=True)
             name = str(getattr(host.info, "name", Path(harness_path).stem))
             return self._evaluate(harness_path, name, host, should_stop)
         finally:
@@ -458,8 +430,6 @@ class RsftPhase:
         host: Any,
         should_stop: Callable[[], bool] | None,
     ) -> EvalRecord | None:
-        from whale_lab.evaluate import score_harness
-
         self.tm.eval()
         k = self.cfg.sampling.k
         reports = {}
@@ -468,16 +438,11 @@ class RsftPhase:
             sink = self._episode_sink(
                 f"eval-{split}", "eval", harness_name, {"rsft_step": self.step, "cycle": self.cycle}
             )
-            report = score_harness(
-                self.domain,
+            report = self.evaluator.score(
                 harness_path,
                 tasks,
                 k,
-                self.backend,
                 self.sampling_params(_mix_seed(self.cfg.run.seed, 1_000_003, i)),
-                sandbox=self.cfg.sandbox,
-                max_context_tokens=self.cfg.model.max_context_tokens,
-                batch_episodes=max(1, self.cfg.sampling.batch_size) * 4,
                 on_episode=sink,
                 should_stop=should_stop,
                 host=host,
@@ -629,6 +594,10 @@ class RsftPhase:
             )
         )
         return True
+
+    def save_resume_point(self) -> None:
+        """A new resume point with the weights as they are now (after adopting others)."""
+        self._persist(new_weights=True)
 
     def _persist(self, new_weights: bool = False) -> None:
         """Write the resume point: a new folder when weights changed, else just its state."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from whale_lab.config import Config
 from whale_lab.search.proposers.base import (
     ProposalRequest,
@@ -16,28 +18,49 @@ __all__ = [
     "ProposalSession",
     "ProposedCandidate",
     "Proposer",
+    "PROPOSERS",
     "ProposerUsageRecord",
     "make_proposer",
 ]
 
 
+def _rules(cfg: Config) -> Proposer:
+    from whale_lab.search.proposers.rules import RulesProposer
+
+    return RulesProposer()
+
+
+def _llm(cfg: Config) -> Proposer:
+    from whale_lab.search.proposers.llm import LLMProposer
+
+    return LLMProposer(cfg.proposer)
+
+
+def _manual(cfg: Config) -> Proposer:
+    from whale_lab.search.proposers.manual import ManualProposer
+
+    return ManualProposer()
+
+
+def _claude_code(cfg: Config) -> Proposer:
+    from whale_lab.search.proposers.claude_code import ClaudeCodeProposer
+
+    return ClaudeCodeProposer(max_seconds=cfg.proposer.max_seconds)
+
+
+#: `proposer.kind` -> factory; a new proposer is one module and one entry here.
+PROPOSERS: dict[str, Callable[[Config], Proposer]] = {
+    "rules": _rules,
+    "llm": _llm,
+    "manual": _manual,
+    "claude-code": _claude_code,
+}
+
+
 def make_proposer(cfg: Config) -> Proposer:
     """The proposer named by `proposer.kind`; a bad setting raises ValueError with the key."""
     kind = cfg.proposer.kind
-    if kind == "rules":
-        from whale_lab.search.proposers.rules import RulesProposer
-
-        return RulesProposer()
-    if kind == "llm":
-        from whale_lab.search.proposers.llm import LLMProposer
-
-        return LLMProposer(cfg.proposer)
-    if kind == "manual":
-        from whale_lab.search.proposers.manual import ManualProposer
-
-        return ManualProposer()
-    if kind == "claude-code":
-        from whale_lab.search.proposers.claude_code import ClaudeCodeProposer
-
-        return ClaudeCodeProposer(max_seconds=cfg.proposer.max_seconds)
-    raise ValueError(f"proposer.kind: unknown proposer {kind!r}")
+    factory = PROPOSERS.get(kind)
+    if factory is None:
+        raise ValueError(f"proposer.kind: unknown proposer {kind!r}")
+    return factory(cfg)

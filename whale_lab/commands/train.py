@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from whale_lab.commands.common import EXIT_OK, EXIT_STOPPED, EXIT_USAGE
 from whale_lab.config import Config, ConfigError, config_from_dict
 from whale_lab.events import (
     EvalResult,
@@ -28,7 +29,6 @@ from whale_lab.events import (
 from whale_lab.store import RunStore, atomic_write_json, read_json
 
 SCHEDULE = "weight-only"
-EXIT_OK, EXIT_USER_ERROR, EXIT_STOPPED = 0, 2, 130
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -74,7 +74,7 @@ def run_train(
         return _train(cfg, run_dir, resume, progress, adapter, console)
     except _user_errors() as exc:
         console.print(f"whale-lab train: error: {exc}", markup=False, soft_wrap=True)
-        return EXIT_USER_ERROR
+        return EXIT_USAGE
 
 
 def _newest_train_run(directory: str | Path) -> Path:
@@ -236,6 +236,7 @@ def _train(
     adapter: str | Path | None,
     console: Any,
 ) -> int:
+    from whale_lab.context import RunContext
     from whale_lab.domains import make_domain
     from whale_lab.quiet import quiet_libraries
     from whale_lab.weights.rsft import RsftPhase
@@ -261,7 +262,8 @@ def _train(
         domain = make_domain(cfg)
         backend = _start_backend(cfg)
         phase = RsftPhase(
-            cfg, backend, domain, store, emit, init_adapter=None if resume else adapter
+            RunContext.of(cfg, backend, domain, store, emit),
+            init_adapter=None if resume else adapter,
         )
         resumed = phase.resume() if resume else False
         if resume and not resumed:

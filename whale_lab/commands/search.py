@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from whale_lab.commands.common import EXIT_FAILED, EXIT_OK, EXIT_PENDING, EXIT_STOPPED
 from whale_lab.config import Config, ConfigError, config_from_dict
 from whale_lab.events import (
     CandidateProposed,
@@ -30,8 +31,6 @@ from whale_lab.events import (
 )
 from whale_lab.reviewers import TerminalReviewer
 from whale_lab.store import RunStore, atomic_write_json, read_json
-
-EXIT_OK, EXIT_ERROR, EXIT_PENDING, EXIT_INTERRUPTED = 0, 1, 3, 130
 
 
 class ProgressPrinter:
@@ -143,6 +142,7 @@ def run_search(
     terminal reviews in manual mode and the backend is built from the config.
     """
     from whale_lab.backends import make_backend
+    from whale_lab.context import RunContext
     from whale_lab.domains import make_domain
     from whale_lab.evaluate import default_harness_path
     from whale_lab.quiet import quiet_libraries
@@ -194,7 +194,9 @@ def run_search(
         if own_backend:
             backend = make_backend(cfg)
         gate = ApprovalGate.from_config(cfg.approval, reviewer, headless=headless)
-        phase = HarnessPhase(cfg, backend, domain, store, store.emit, reviewer, cycle=1, gate=gate)
+        phase = HarnessPhase(
+            RunContext.of(cfg, backend, domain, store), reviewer, cycle=1, gate=gate
+        )
         store.emit(
             PhaseStarted(
                 cycle=1,
@@ -209,11 +211,11 @@ def run_search(
         except KeyboardInterrupt:
             store.emit(RunFinished(status="stopped", message="interrupted"))
             out.write(f"\ninterrupted; resume with: whale-lab search --resume {store.root}\n")
-            return EXIT_INTERRUPTED
+            return EXIT_STOPPED
         except HarnessPhaseError as exc:
             store.emit(RunFinished(status="failed", message=str(exc)))
             out.write(f"whale-lab search: error: {exc}\n")
-            return EXIT_ERROR
+            return EXIT_FAILED
         store.emit(
             PhaseEnded(
                 cycle=1,

@@ -1,0 +1,99 @@
+"""`whale-lab micro pretrain` and `whale-lab micro calibrate`: the embedded micro model.
+
+`pretrain` is the recipe in `whale_lab.micro.pretrain` (its options and `run_pretrain` live with
+it, since `python -m whale_lab.micro.pretrain` runs it too). `calibrate` measures each domain with
+`whale_lab.micro.calibrate.calibrate_domain` and prints the README's Markdown table on stdout
+(progress goes to stderr). Importing this module stays light: `whale-lab --help` builds the
+options of both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from whale_lab.config import Config
+from whale_lab.micro.calibrate import DOMAINS, CalibrationRow, calibrate_domain, markdown_table
+
+
+def add_pretrain_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of `whale-lab micro pretrain` (those of `python -m whale_lab.micro.pretrain`)."""
+    from whale_lab.micro.pretrain import add_arguments
+
+    add_arguments(p)
+
+
+def run_pretrain(args: argparse.Namespace) -> int:
+    """`whale-lab micro pretrain`: train the micro model from scratch; returns the exit status."""
+    from whale_lab.micro.pretrain import run_pretrain as pretrain
+
+    return pretrain(args)
+
+
+def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of `whale-lab micro calibrate`."""
+    p.add_argument(
+        "--domain",
+        dest="domains",
+        choices=DOMAINS,
+        action="append",
+        default=None,
+        help="a domain to measure (repeatable; default: all three)",
+    )
+    p.add_argument("--tasks", type=int, default=32, help="val tasks per domain (default 32)")
+    p.add_argument("--k", type=int, default=8, help="samples per task (default 8)")
+    p.add_argument(
+        "--rsft-epochs",
+        type=float,
+        default=0.0,
+        help="also run RSFT under h0 for this many epochs of the weight split and "
+        "measure again (default 0: harness lever only)",
+    )
+    p.add_argument(
+        "--json",
+        dest="json_out",
+        default=None,
+        metavar="PATH",
+        help="also write the rows as JSON to PATH",
+    )
+
+
+def run_calibrate(cfg: Config, args: argparse.Namespace) -> int:
+    """`whale-lab micro calibrate`: measure, print the Markdown table; returns the exit status."""
+    from whale_lab.quiet import quiet_libraries
+
+    quiet_libraries()
+    if args.tasks < 1:
+        print(f"whale-lab: error: --tasks must be >= 1, got {args.tasks}", file=sys.stderr)
+        return 2
+    if args.k < 1:
+        print(f"whale-lab: error: --k must be >= 1, got {args.k}", file=sys.stderr)
+        return 2
+    if args.rsft_epochs < 0:
+        print(
+            f"whale-lab: error: --rsft-epochs must be >= 0, got {args.rsft_epochs}", file=sys.stderr
+        )
+        return 2
+    domains = list(dict.fromkeys(args.domains or DOMAINS))
+    rows: list[CalibrationRow] = []
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    log(
+        f"calibrating {', '.join(domains)} on model {cfg.model.path!r}: val {args.tasks} tasks, "
+        f"k={args.k}" + (f", RSFT {args.rsft_epochs:g} epochs" if args.rsft_epochs else "")
+    )
+    for d in domains:
+        rows.append(
+            calibrate_domain(
+                d, cfg=cfg, tasks=args.tasks, k=args.k, rsft_epochs=args.rsft_epochs, log=log
+            )
+        )
+    print(markdown_table(rows))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")
+    return 0

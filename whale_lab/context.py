@@ -1,0 +1,232 @@
+"""What every phase, probe and evaluation shares, bound once per run.
+
+`RunContext` replaces the five arguments (config, backend, domain, store, emit) each phase-like
+class used to take. `EpisodeSink` is the one way a finished episode is recorded: one trace line
+(scrubbed of anything that could name a reference answer) and one `EpisodeFinished` event that
+points at it. `Evaluator` is the one way episodes are run and scored: it binds the sandbox
+settings, the context limit and the wave size from the config, so no caller threads them by hand.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from whale_lab.config import Config, SandboxConfig
+from whale_lab.events import EpisodeFinished, Event
+from whale_lab.store import JsonlWriter, RunStore
+from whale_lab.trace import EpisodeTrace, scrub_trace
+
+if TYPE_CHECKING:
+    from whale_lab.backends.base import Backend, SamplingParams
+    from whale_lab.domains.base import Domain, Task
+    from whale_lab.evaluate import EvalReport
+
+Emit = Callable[[Event], None]
+
+
+class EpisodeSink:
+    """Writes each finished episode's trace and announces it, always the same way.
+
+    The scrub policy lives here and nowhere else: every trace written to disk drops the `info`
+    keys that could carry a reference answer (`trace.PRIVATE_INFO_KEYS`).
+    """
+
+    def __init__(
+        self,
+        writer: JsonlWriter,
+        rel_path: str,
+        emit: Emit | None,
+        *,
+        phase: str,
+        harness: str,
+        info: dict[str, Any] | None = None,
+        owns_writer: bool = False,
+    ) -> None:
+        self.writer = writer
+        self.rel_path = rel_path
+        self.emit = emit
+        self.phase = phase
+        self.harness = harness
+        self.info = dict(info or {})
+        self._owns_writer = owns_writer
+
+    @classmethod
+    def for_store(
+        cls,
+        store: RunStore,
+        emit: Emit | None,
+        name: str,
+        *,
+        phase: str,
+        harness: str,
+        info: dict[str, Any] | None = None,
+    ) -> EpisodeSink:
+        """A sink into the run's shared `traces/<name>.jsonl`."""
+        return cls(
+            store.trace_writer(name),
+            f"traces/{name}.jsonl",
+            emit,
+            phase=phase,
+            harness=harness,
+            info=info,
+        )
+
+    @classmethod
+    def for_file(
+        cls,
+        path: Path,
+        root: Path,
+        emit: Emit | None,
+        *,
+        phase: str,
+        harness: str,
+        info: dict[str, Any] | None = None,
+    ) -> EpisodeSink:
+        """A sink into a file of its own (a candidate's traces); `close()` it when done."""
+        try:
+            rel = path.relative_to(root).as_posix()
+        except ValueError:
+            rel = str(path)
+        return cls(
+            JsonlWriter(path), rel, emit, phase=phase, harness=harness, info=info, owns_writer=True
+        )
+
+    def __call__(self, trace: EpisodeTrace) -> None:
+        rec = trace.to_dict()
+        if self.info:
+            rec["info"] = {**rec.get("info", {}), **self.info}
+        line = self.writer.append(scrub_trace(rec))
+        if self.emit is not None:
+            self.emit(
+                EpisodeFinished(
+                    phase=self.phase,
+                    task_id=trace.task_id,
+                    sample=trace.sample,
+                    turns=trace.n_turns,
+                    reward=trace.reward,
+                    stop_reason=trace.stop_reason,
+                    tokens=trace.prompt_tokens + trace.completion_tokens,
+                    harness=self.harness,
+                    trace_path=self.rel_path,
+                    trace_line=line,
+                )
+            )
+
+    def close(self) -> None:
+        if self._owns_writer:
+            self.writer.close()
+
+
+@dataclass(frozen=True)
+class Evaluator:
+    """Runs and scores episodes with the run's sandbox, context limit and wave size bound once."""
+
+    domain: Domain
+    backend: Backend
+    sandbox: SandboxConfig
+    max_context_tokens: int
+    batch_episodes: int
+
+    @classmethod
+    def from_config(cls, cfg: Config, backend: Backend, domain: Domain) -> Evaluator:
+        return cls(
+            domain=domain,
+            backend=backend,
+            sandbox=cfg.sandbox,
+            max_context_tokens=cfg.model.max_context_tokens,
+            batch_episodes=max(1, cfg.sampling.batch_size) * 4,
+        )
+
+    def host(self, harness_path: str | Path) -> Any:
+        """A started harness host for `harness_path` (the caller closes it)."""
+        from whale_lab.harness import HarnessHost
+
+        return HarnessHost(harness_path, self.domain.name, self.sandbox)
+
+    def score(
+        self,
+        harness_path: str | Path,
+        tasks: Sequence[Task],
+        k: int,
+        params: SamplingParams,
+        *,
+        on_episode: Callable[[EpisodeTrace], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+        host: Any = None,
+    ) -> EvalReport:
+        """k rollouts per task under one harness, in waves; see `evaluate.score_harness`."""
+        from whale_lab.evaluate import score_harness
+
+        return score_harness(
+            self.domain,
+            harness_path,
+            tasks,
+            k,
+            self.backend,
+            params,
+            sandbox=self.sandbox,
+            max_context_tokens=self.max_context_tokens,
+            batch_episodes=self.batch_episodes,
+            on_episode=on_episode,
+            should_stop=should_stop,
+            host=host,
+        )
+
+    def episodes(
+        self,
+        jobs: Sequence[tuple[Task, int]],
+        host: Any,
+        params: SamplingParams,
+        *,
+        on_episode: Callable[[EpisodeTrace], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> list[EpisodeTrace]:
+        """One batch of (task, sample) episodes under a started host, traces in job order."""
+        from whale_lab.rollout import run_episodes
+
+        return run_episodes(
+            jobs,
+            self.domain,
+            host,
+            self.backend,
+            params,
+            max_context_tokens=self.max_context_tokens,
+            on_episode=on_episode,
+            should_stop=should_stop,
+        )
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """The run's config, model backend, domain, run folder and event sink, passed as one."""
+
+    cfg: Config
+    backend: Backend
+    domain: Domain
+    store: RunStore
+    emit: Emit
+
+    @classmethod
+    def of(
+        cls, cfg: Config, backend: Any, domain: Any, store: RunStore, emit: Emit | None = None
+    ) -> RunContext:
+        return cls(cfg, backend, domain, store, emit or store.emit)
+
+    def with_emit(self, emit: Emit) -> RunContext:
+        return dataclasses.replace(self, emit=emit)
+
+    @property
+    def evaluator(self) -> Evaluator:
+        return Evaluator.from_config(self.cfg, self.backend, self.domain)
+
+    def sink(
+        self, name: str, *, phase: str, harness: str, info: dict[str, Any] | None = None
+    ) -> EpisodeSink:
+        """A sink into this run's `traces/<name>.jsonl` announcing through `emit`."""
+        return EpisodeSink.for_store(
+            self.store, self.emit, name, phase=phase, harness=harness, info=info
+        )
