@@ -36,6 +36,20 @@ _SERVER: dict[str, object] = {}  # the session's `transformers serve`, once laun
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs CUDA; skipped without it")
+    # whale-lab refuses to run untrusted code where the OS cannot confine it. On such a machine
+    # the suite still tests everything else: the engine tests run unconfined (as a user would with
+    # sandbox.allow_unconfined), and the confinement tests skip, naming the reason.
+    from whale_lab import confine
+
+    conf = confine.detect()
+    if not conf.confined:
+        os.environ.setdefault(confine.ALLOW_ENV, "1")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    from whale_lab import confine
+
+    return f"whale-lab sandbox: {confine.detect().describe()}"
 
 
 def _tiny_model_dir() -> Path:

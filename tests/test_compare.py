@@ -141,3 +141,20 @@ def test_every_lazy_import_of_the_cli_resolves() -> None:
             if not hasattr(module, alias.name):  # a submodule, imported on first use
                 importlib.import_module(f"{node.module}.{alias.name}")
             assert hasattr(module, alias.name), f"{node.module} has no {alias.name}"
+
+
+def test_compare_keeps_the_splits_fixed_across_seeds_unless_resplit(tmp_path: Path) -> None:
+    from whale_lab.domains import make_domain
+    from whale_lab.engine.compare import run_config
+
+    cfg = short_config(tmp_path)
+
+    def ids(c: Config) -> list[str]:
+        d = make_domain(c)
+        return [t.fields["question"] for s in ("val", "test") for t in d.tasks(s)]
+
+    fixed = [run_config(cfg, "whale", seed, tmp_path, split_seed=0) for seed in (0, 1)]
+    assert fixed[0].run.seed != fixed[1].run.seed  # the seed still varies sampling and training
+    assert ids(fixed[0]) == ids(fixed[1])
+    resplit = [run_config(cfg, "whale", seed, tmp_path) for seed in (0, 1)]
+    assert ids(resplit[0]) != ids(resplit[1])

@@ -331,12 +331,26 @@ def test_splits_are_disjoint_sized_and_seeded(domain: ChessDomain) -> None:
         domain.tasks("train")  # type: ignore[arg-type]
 
 
-def test_splits_capped_at_what_is_available(sample: list[Puzzle]) -> None:
+def test_too_few_puzzles_for_the_evaluation_splits_is_a_clear_error() -> None:
+    # one rule for all three domains: test, val and harness are never shrunk
     cfg = config_from_dict({"run": {"seed": 1}, "domain": {"name": "chess", "source": str(SAMPLE)}})
+    with pytest.raises(DataError) as info:
+        ChessDomain.from_config(cfg)
+    message = str(info.value)
+    assert "\n" not in message and "11 puzzles" in message
+    assert "test, val and harness need 96" in message and "weight=512" in message
+
+
+def test_weight_takes_what_is_left_with_a_warning(sample: list[Puzzle]) -> None:
+    cfg = config_from_dict({
+        "run": {"seed": 1},
+        "domain": {"name": "chess", "source": str(SAMPLE),
+                   "splits": {"test": 2, "val": 2, "harness": 2, "weight": 512}},
+    })
     dom = ChessDomain.from_config(cfg)
     sizes = {s: len(dom.tasks(s)) for s in SPLITS}
-    assert sum(sizes.values()) == 11 and all(sizes.values())
-    assert dom.notes and "only 11 puzzles available for 608 requested" in dom.notes[0]
+    assert sizes == {"weight": 5, "harness": 2, "val": 2, "test": 2}
+    assert dom.notes and "only 5 are left for weight, which asks for 512" in dom.notes[0]
     ids = [t.id for s in SPLITS for t in dom.tasks(s)]
     assert sorted(ids) == sorted(p.id for p in sample)
     env = dom.make_env(dom.tasks("test")[0])

@@ -15,10 +15,22 @@ import whale_lab
 
 HEAVY = ("torch", "transformers", "peft", "vllm")
 # Everything the engine side is made of: these must never pull in textual.
-ENGINE_SIDE = ("engine", "weights", "search", "domains", "backends", "harness", "micro")
+ENGINE_SIDE = (
+    "engine",
+    "weights",
+    "search",
+    "domains",
+    "backends",
+    "harness",
+    "micro",
+    "presets",
+    "commands",
+)
 ENGINE_MODULES = (
     "seams",
     "reviewers",
+    "context",
+    "errors",
     "rollout",
     "metrics",
     "evaluate",
@@ -65,6 +77,7 @@ def engine_side_modules() -> list[str]:
 def test_engine_side_imports_no_textual() -> None:
     modules = engine_side_modules()
     assert "whale_lab.engine.engine" in modules and "whale_lab.seams" in modules
+    assert "whale_lab.context" in modules and "whale_lab.engine.safepoints" in modules
     code = (
         "import importlib\n"
         "skipped = []\n"

@@ -15,6 +15,7 @@ from whale_lab.engine.engine import Engine
 from whale_lab.engine.ledger import Ledger
 from whale_lab.engine.probe import (
     ProbeSettings,
+    Signal,
     probe_diagnostics,
     read_signals,
     recommend,
@@ -286,3 +287,43 @@ def test_a_probe_measures_both_sides_and_keeps_only_when_asked(tmp_path: Path) -
     assert ledger.weight_rollouts == 8 == ledger.kept_probe_rollouts
     assert engine.harness_path.read_text(encoding="utf-8") == harness
     store.close()
+
+
+def test_paired_intervals_name_a_side_only_when_they_exclude_zero() -> None:
+    turn_cap = [Signal("harness", "turn_cap", 0.4, "turn cap: 40% of episodes ran out of turns")]
+    rec = recommend(0.9, 0.1, turn_cap, harness_interval=(-0.2, 2.0), weight_interval=(-0.1, 0.3),
+                    needed="About 90 val tasks would resolve it.")
+    assert rec.side == "inconclusive"
+    assert "no difference detected at this size" in rec.text and "About 90 val tasks" in rec.text
+    assert "do not confirm" in rec.text  # the traces are evidence, never the verdict
+    rec = recommend(0.9, 0.1, [], harness_interval=(0.2, 1.6), weight_interval=(-0.1, 0.3))
+    assert rec.side == "harness" and "excludes zero" in rec.text
+    rec = recommend(0.1, 0.9, [], harness_interval=(-0.2, 0.3), weight_interval=(0.1, 1.7))
+    assert rec.side == "weights"
+    rec = recommend(0.5, 0.6, [], harness_interval=(0.1, 0.9), weight_interval=(0.2, 1.0))
+    assert rec.side == "both"
+    assert any("paired" in e for e in rec.evidence)
+
+
+def test_a_probe_reports_each_side_with_interval_and_verdict(tmp_path: Path) -> None:
+    cfg = engine_config(tmp_path, schedule={"kind": "weight-only"})
+    engine = Engine(
+        cfg,
+        RunStore(tmp_path / "run"),
+        reviewer=ApproveAll(),
+        commands=CommandChannel(),
+        backend=make_backend(cfg),
+        domain=ParityDomain(),
+    )
+    result = engine.probe_now(ProbeSettings(harness_iterations=2, weight_steps=1))
+    assert isinstance(result, ProbeResult)
+    assert result.verdict in ("harness", "weights", "both", "inconclusive")
+    for side in ("harness", "weights"):
+        s = result.sides[side]
+        assert set(s) >= {"gain_per_1k", "interval", "verdict"}
+        assert s["verdict"] in ("gain", "loss", "inconclusive", "unchanged", "not run")
+        if s["interval"] is not None:
+            low, high = s["interval"]
+            assert low <= high
+            if result.verdict in (side, "both"):
+                assert low > 0  # a named side's interval excludes zero

@@ -54,3 +54,51 @@ def test_comparison_report_files(tmp_path: Path) -> None:
     for f in ("accuracy_vs_rollouts.png", "accuracy_vs_rollouts.svg", "results.json"):
         assert (tmp_path / "report" / f).stat().st_size > 0
     assert (tmp_path / "report" / "accuracy_vs_rollouts.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _run_with_episodes(tmp: Path, name: str, schedule: str, seed: int,
+                       rewards: dict[str, list[float]]) -> Path:
+    """One evaluation point whose test episodes have the given per-task rewards."""
+    store = RunStore(tmp / name)
+    store.emit(ev.RunStarted(run_id=name, domain="math", model="micro", schedule=schedule,
+                             harness="h0", config={"run": {"seed": seed}}))
+    for split in ("val", "test"):
+        for task, rs in rewards.items():
+            for i, r in enumerate(rs):
+                store.emit(ev.EpisodeFinished(phase="eval", task_id=task, sample=i, turns=1,
+                                              reward=r, stop_reason="answered"))
+        mean = sum(sum(v) for v in rewards.values()) / sum(len(v) for v in rewards.values())
+        store.emit(ev.EvalResult(split=split, cycle=0, phase="start", mean_at_k=mean,
+                                 pass_at_k=mean, k=2, n_tasks=len(rewards), checkpoint="c0"))
+    store.emit(ev.RunFinished(status="completed"))
+    store.close()
+    return store.root
+
+
+def test_the_report_pairs_schedules_on_the_same_seeds_and_tasks(tmp_path: Path) -> None:
+    import json
+
+    tasks = [f"t{i}" for i in range(30)]
+    runs = []
+    for seed in (0, 1):
+        base = {t: [0.0, 0.0] if i % 2 else [1.0, 0.0] for i, t in enumerate(tasks)}
+        better = {t: [1.0, 1.0] for t in tasks}  # wins on every task
+        same = {t: list(v) for t, v in base.items()}  # identical to the baseline
+        runs.append(summarise_run(_run_with_episodes(tmp_path, f"w{seed}", "weight-only", seed, base)))
+        runs.append(summarise_run(_run_with_episodes(tmp_path, f"h{seed}", "whale", seed, better)))
+        runs.append(summarise_run(_run_with_episodes(tmp_path, f"p{seed}", "prompt-only", seed, same)))
+    assert runs[0].selected_scores() == {t: ([0.0, 0.0] if i % 2 else [1.0, 0.0])
+                                         for i, t in enumerate(tasks)}
+    md = write_comparison(tmp_path / "report", runs)
+    paired = json.loads((tmp_path / "report" / "paired.json").read_text())
+    rows = {(p["schedule"], p["baseline"]): p for p in paired["pairs"]}
+    win = rows[("whale", "weight-only")]
+    assert win["n_tasks"] == 60 and win["excludes_zero"] and win["low"] > 0
+    assert win["diff"] == pytest.approx(0.75) and win["wins"] == 60
+    tie = rows[("prompt-only", "weight-only")]
+    assert tie["diff"] == 0 and not tie["excludes_zero"] and tie["ties"] == 60
+    text = md.read_text()
+    assert "Paired differences" in text and "no difference detected at this size" in text
+    assert "| whale | weight-only | +75.0 |" in text
+    results = json.loads((tmp_path / "report" / "results.json").read_text())
+    assert "episodes" not in results["runs"][0]

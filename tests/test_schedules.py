@@ -37,15 +37,19 @@ def test_adaptive_phases_are_capped_and_flagged() -> None:
                                  max_harness_iterations=15))
     assert [p.kind for p in phases] == ["weight", "harness", "weight"]
     assert all(p.adaptive for p in phases)
-    assert phases[0].budget == pytest.approx(0.5) and phases[1].budget == 15
+    # no per-phase cap by default: a weight phase may use what the total budget has left
+    assert phases[0].budget == pytest.approx(1.0) and phases[1].budget == 15
+    capped = plan(ScheduleConfig(kind="adaptive", cycles=1, total_weight_epochs=1.0,
+                                 max_phase_weight_epochs=0.3))
+    assert [p.budget for p in capped if p.kind == "weight"] == [pytest.approx(0.3)] * 2
 
 
 def test_adaptive_weight_rule_waits_for_window_and_patience() -> None:
     cfg = ScheduleConfig(window_epochs=0.2, patience_epochs=0.2, min_weight_epochs=0.2)
     rule = AdaptiveWeightStop(steps_per_epoch=10, cfg=cfg)  # window 2, patience 2, min 2
     assert (rule.window, rule.patience, rule.min_steps) == (2, 2, 2)
-    assert rule.update(0.1) is False  # window not full
-    assert rule.update(0.3) is False  # first full window: new best 0.2
+    assert rule.update(0.1) is False  # tracked from the first step: best 0.1, below the minimum
+    assert rule.update(0.3) is False  # window full: new best 0.2
     assert rule.update(0.5) is False  # 0.4: new best
     assert rule.update(0.3) is False  # 0.4: ties do not count as a new best -> since_best 1
     assert rule.update(0.1) is True   # 0.2: since_best 2 == patience
@@ -96,7 +100,38 @@ def test_the_shipped_comparison_budget_is_the_same_for_every_schedule() -> None:
             round(sum(p.budget for p in phases if p.kind == "weight"), 6),
             sum(p.budget for p in phases if p.kind == "harness"),
         )
-    weight = {budgets[k][0] for k in ("whale", "adaptive", "weight-only", "stagewise", "prompt-only")}
+    weight = {budgets[k][0] for k in ("whale", "weight-only", "stagewise", "prompt-only")}
     assert weight == {0.75} and budgets["harness-only"] == (0, 4.0)
+    # adaptive weight phases share the total (the engine gives each what the earlier ones left)
+    assert cfg.total_weight_epochs == 0.75
+    adaptive = plan(dataclasses.replace(cfg, kind="adaptive"))
+    assert all(p.budget <= cfg.total_weight_epochs for p in adaptive if p.kind == "weight")
     assert budgets["whale"][1] == budgets["stagewise"][1] == budgets["prompt-only"][1] == 4.0
     assert budgets["adaptive"][1] == 2 * cfg.max_harness_iterations  # caps; patience ends earlier
+
+
+def test_a_plateau_ends_the_adaptive_weight_phase_at_its_minimum() -> None:
+    # the paper's setting: window = minimum length = patience = 0.2 epoch (10 steps per epoch)
+    cfg = ScheduleConfig(window_epochs=0.2, patience_epochs=0.2, min_weight_epochs=0.2)
+    rule = AdaptiveWeightStop(steps_per_epoch=10, cfg=cfg)
+    rewards = [0.5] * 20  # flat from the first step: nothing left to learn here
+    fired = [rule.update(r) for r in rewards]
+    first = fired.index(True) + 1
+    assert first / 10 <= 0.2 + 0.1 + 1e-9  # ends at the minimum (plus the patience's last step)
+    # before the fix the rule waited for a full window, then patience: never before 0.4 epoch
+
+
+def test_a_reward_that_plateaus_at_a_fifth_of_an_epoch_ends_the_phase_there() -> None:
+    cfg = ScheduleConfig(window_epochs=0.05, patience_epochs=0.05, min_weight_epochs=0.1)
+    rule = AdaptiveWeightStop(steps_per_epoch=20, cfg=cfg)  # window 1, patience 1, min 2
+    rising = [0.1 * (i + 1) for i in range(4)]  # 4 steps = 0.2 epoch of progress
+    fired = [rule.update(r) for r in rising + [0.4] * 10]
+    first = fired.index(True) + 1
+    assert first == 5  # the first step after the plateau began: 0.25 epoch
+    assert not any(fired[:4])
+
+
+def test_adaptive_weight_rule_can_stop_before_the_old_window_plus_patience() -> None:
+    cfg = ScheduleConfig(window_epochs=0.2, patience_epochs=0.1, min_weight_epochs=0.1)
+    rule = AdaptiveWeightStop(steps_per_epoch=10, cfg=cfg)  # window 2, patience 1, min 1
+    assert [rule.update(r) for r in (0.3, 0.2)] == [False, True]

@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--domain", choices=["math", "search", "chess"], default=None)
     p.add_argument("--harness", default=None, help="incoming harness (default: h0)")
     p.add_argument("--resume", default=None, metavar="RUN_DIR", help="resume a killed search run")
+    p.add_argument("--replay-proposer", default=None, metavar="PATH",
+                   help="replay the proposer sessions recorded in a phase archive or run folder "
+                        "(no request to any endpoint; sets proposer.replay)")
 
     p = sub.add_parser("run", help="run the configured schedule (WHALE by default)")
     _add_common(p)
@@ -83,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", nargs="?", const="best", default=None,
                    choices=["best", "weights", "harness", "both"],
                    help="keep a probe's result in the run (default: keep nothing)")
+    p.add_argument("--json", action="store_true",
+                   help="print the result as one JSON object (per side: gain_per_1k, interval, verdict)")
 
     p = sub.add_parser("compare", help="run schedules x seeds on one domain and write a report")
     _add_common(p)
@@ -91,6 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated schedule names")
     p.add_argument("--seeds", default="0", help="comma-separated seeds, e.g. 0,1,2")
     p.add_argument("--out", default=None, help="report folder (default: runs/compare-<date>)")
+
+    p = sub.add_parser("check", help="the sandbox in force for untrusted code, and its limits")
+    _add_common(p)
+    p.add_argument("--attack", action="store_true",
+                   help="also run a few escapes as tool code and say whether each was stopped")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
 
     p = sub.add_parser("micro", help="the embedded micro model: pre-train it or measure calibration")
     micro = p.add_subparsers(dest="micro_command", required=True)
@@ -135,6 +146,18 @@ def _dispatch(args: argparse.Namespace) -> int:
         return run_tui(_load(args), run_dir=args.run_dir)
     if getattr(args, "schedule", None):
         args.overrides.append(f'schedule.kind="{args.schedule}"')
+    if command == "search" and args.replay_proposer:
+        import json
+
+        from whale_lab.config import ConfigError
+
+        if args.resume is not None:
+            raise ConfigError("--replay-proposer: a resumed search keeps its recorded config; "
+                              "start a new search to replay")
+        replay = Path(args.replay_proposer).expanduser().resolve()
+        if not replay.exists():
+            raise ConfigError(f"--replay-proposer: {replay} does not exist")
+        args.overrides.append(f"proposer.replay={json.dumps(str(replay))}")
     cfg = _load(args)
     if command == "eval":
         from whale_lab.commands.eval import run_eval
@@ -165,11 +188,15 @@ def _dispatch(args: argparse.Namespace) -> int:
         from whale_lab.commands.probe import run_probe
 
         keep: bool | str = False if args.keep is None else (True if args.keep == "best" else args.keep)
-        return run_probe(cfg, run_dir=args.run, keep=keep)
+        return run_probe(cfg, run_dir=args.run, keep=keep, as_json=args.json)
     if command == "compare":
         from whale_lab.commands.compare import compare_command
 
         return compare_command(cfg, args.schedules, args.seeds, args.out)
+    if command == "check":
+        from whale_lab.commands.check import run_check
+
+        return run_check(cfg, attack=args.attack, as_json=args.json)
     if command == "micro":
         from whale_lab.commands.micro import run_calibrate
 

@@ -6,8 +6,11 @@ the key path, what was expected and, for a typo, the closest valid key. Nothing 
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import difflib
+import math
+import re
 import sys
 import types
 import typing
@@ -27,14 +30,42 @@ class ConfigError(WhaleLabError, ValueError):
     """A config problem, phrased for the user: key path, expectation, hint."""
 
 
+# Upper bounds: a value past them is a typo or an attack, and would otherwise overflow a timer, an
+# rlimit or a generator far from the config (a traceback, or a hang with no output).
+INT64_MAX = 2**63 - 1
+MAX_SPLIT_SIZE = 10_000_000
+MAX_TOKENS = 10_000_000
+MAX_COUNT = 1_000_000
+MAX_ITERATIONS = 100_000
+MAX_EPOCHS = 10_000.0
+DAY_S = 86_400.0
+WEEK_S = 604_800.0
+# What `model.device` may name; whether this machine has it is checked when a model is placed.
+DEVICE_PATTERN = r"auto|cpu|mps|cuda(:(0|[1-9][0-9]{0,3}))?"
+DEVICE_FORMS = "auto, cpu, cuda, cuda:N or mps"
+_SHOW_CHARS = 60
+
+
+def _show(value: Any) -> str:
+    """A value for a one-line message: its repr, cut short (a 1 MB string stays readable)."""
+    text = repr(value)
+    return text if len(text) <= _SHOW_CHARS else text[: _SHOW_CHARS - 3] + "..."
+
+
+def _key_text(key: str) -> str:
+    """A key as written in a path; an odd one (newline, dot, space) is quoted so paths stay one line."""
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else _show(key)
+
+
 def _range(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False) -> dict:
     return {"lo": lo, "hi": hi, "lo_open": lo_open}
 
 
 def _f(default: Any, lo: float | None = None, hi: float | None = None, *, lo_open: bool = False,
-       doc: str = "") -> Any:
-    """A field with an optional numeric range checked at load time."""
-    meta = {"range": _range(lo, hi, lo_open=lo_open), "doc": doc}
+       doc: str = "", pattern: str = "", expect: str = "", folder: bool = False) -> Any:
+    """A field with an optional numeric range (or text pattern, or folder path) checked at load."""
+    meta = {"range": _range(lo, hi, lo_open=lo_open), "doc": doc, "pattern": pattern,
+            "expect": expect, "folder": folder}
     if isinstance(default, (list, dict)):
         raise TypeError("use tuples for list defaults")
     return field(default=default, metadata=meta)
@@ -43,15 +74,15 @@ def _f(default: Any, lo: float | None = None, hi: float | None = None, *, lo_ope
 @dataclass(frozen=True)
 class RunConfig:
     name: str = "default"
-    seed: int = _f(0, 0)
-    directory: str = "runs"
+    seed: int = _f(0, 0, INT64_MAX)
+    directory: str = _f("runs", folder=True)
 
 
 @dataclass(frozen=True)
 class LoraConfig:
     enabled: bool = True
     rank: int = _f(8, 1, 1024)
-    alpha: float = _f(16.0, 0.0, lo_open=True)
+    alpha: float = _f(16.0, 0.0, 1e6, lo_open=True)
     dropout: float = _f(0.0, 0.0, 1.0)
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
 
@@ -62,13 +93,13 @@ class ModelConfig:
     path: str = "micro"
     backend: Literal["hf", "openai", "vllm"] = "hf"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
-    device: str = "cpu"
-    max_context_tokens: int = _f(2048, 64)
+    device: str = _f("cpu", pattern=DEVICE_PATTERN, expect=DEVICE_FORMS)
+    max_context_tokens: int = _f(2048, 64, MAX_TOKENS)
     # openai backend only
     base_url: str = "http://127.0.0.1:8000/v1"
     served_model: str = ""
     api_key_env: str = "OPENAI_API_KEY"
-    request_timeout_s: float = _f(120.0, 0.0, lo_open=True)
+    request_timeout_s: float = _f(120.0, 0.0, DAY_S, lo_open=True)
     max_retries: int = _f(3, 0, 20)
     concurrency: int = _f(16, 1, 1024)
     lora: LoraConfig = field(default_factory=LoraConfig)
@@ -76,10 +107,10 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class SplitSizes:
-    weight: int = _f(512, 1)
-    harness: int = _f(32, 1)
-    val: int = _f(32, 1)
-    test: int = _f(32, 1)
+    weight: int = _f(512, 1, MAX_SPLIT_SIZE)
+    harness: int = _f(32, 1, MAX_SPLIT_SIZE)
+    val: int = _f(32, 1, MAX_SPLIT_SIZE)
+    test: int = _f(32, 1, MAX_SPLIT_SIZE)
 
 
 @dataclass(frozen=True)
@@ -93,46 +124,55 @@ class DomainConfig:
     splits: SplitSizes = field(default_factory=SplitSizes)
     # Harness file used when none is given; empty means harnesses/<domain>/h0.py.
     harness: str = ""
+    # Seed that draws the tasks and their splits; -1 = run.seed. A comparison fixes it across
+    # seeds (the seed then varies sampling and training only), so arms are paired on one task set.
+    split_seed: int = _f(-1, -1, INT64_MAX)
 
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    temperature: float = _f(1.0, 0.0)
+    temperature: float = _f(1.0, 0.0, 100.0)
     top_p: float = _f(1.0, 0.0, 1.0, lo_open=True)
-    top_k: int = _f(20, 0)
-    max_new_tokens: int = _f(96, 1)
+    top_k: int = _f(20, 0, MAX_COUNT)
+    max_new_tokens: int = _f(96, 1, MAX_TOKENS)
     k: int = _f(8, 1, 1024)
-    batch_size: int = _f(64, 1)
+    batch_size: int = _f(64, 1, MAX_COUNT)
+    # Share of a scoring wave whose episodes may end in backend errors before scoring stops.
+    max_invalid_share: float = _f(0.05, 0.0, 1.0)
 
 
 @dataclass(frozen=True)
 class SandboxConfig:
-    call_timeout_s: float = _f(2.0, 0.0, lo_open=True)
-    memory_mb: int = _f(1024, 64)
-    cpu_seconds: int = _f(600, 1)
-    max_output_chars: int = _f(20000, 100)
+    call_timeout_s: float = _f(2.0, 0.0, DAY_S, lo_open=True)
+    memory_mb: int = _f(1024, 64, 1_048_576)
+    cpu_seconds: int = _f(600, 1, int(WEEK_S))
+    max_output_chars: int = _f(20000, 100, 100_000_000)
+    # Where bwrap cannot confine untrusted code (no user namespaces, not Linux) whale-lab refuses
+    # to run it; true runs it with resource limits only, with a warning on every run that is
+    # also recorded in the run (WHALE_LAB_ALLOW_UNCONFINED=1 does the same).
+    allow_unconfined: bool = False
 
 
 @dataclass(frozen=True)
 class RsftConfig:
-    prompts_per_step: int = _f(8, 1)
-    samples_per_prompt: int = _f(8, 1)
+    prompts_per_step: int = _f(8, 1, MAX_COUNT)
+    samples_per_prompt: int = _f(8, 1, 1024)
     accept_threshold: float = _f(0.5, 0.0, 1.0)
-    minibatch_size: int = _f(16, 1)
-    learning_rate: float = _f(1e-3, 0.0, lo_open=True)
-    weight_decay: float = _f(0.0, 0.0)
-    max_grad_norm: float = _f(1.0, 0.0, lo_open=True)
+    minibatch_size: int = _f(16, 1, MAX_COUNT)
+    learning_rate: float = _f(1e-3, 0.0, 10.0, lo_open=True)
+    weight_decay: float = _f(0.0, 0.0, 10.0)
+    max_grad_norm: float = _f(1.0, 0.0, 1e6, lo_open=True)
     full_finetune: bool = False
-    eval_every: float = _f(0.25, 0.0, lo_open=True, doc="fraction of an epoch of the weight split")
-    epochs: float = _f(1.0, 0.0, lo_open=True)
+    eval_every: float = _f(0.25, 0.0, MAX_EPOCHS, lo_open=True, doc="fraction of an epoch of the weight split")
+    epochs: float = _f(1.0, 0.0, MAX_EPOCHS, lo_open=True)
 
 
 @dataclass(frozen=True)
 class HarnessSearchConfig:
     candidates_per_iteration: int = _f(3, 1, 16)
-    iterations: int = _f(6, 1)
-    rollouts_per_task: int = _f(1, 1)
-    smoke_tasks: int = _f(4, 1)
+    iterations: int = _f(6, 1, MAX_ITERATIONS)
+    rollouts_per_task: int = _f(1, 1, 1024)
+    smoke_tasks: int = _f(4, 1, MAX_SPLIT_SIZE)
     prompt_only: bool = False
     min_gain: float = _f(0.0, 0.0, 1.0)  # a new harness must beat the incoming one by this much
 
@@ -143,31 +183,39 @@ class ProposerConfig:
     base_url: str = "http://127.0.0.1:8001/v1"
     model: str = ""
     api_key_env: str = "OPENAI_API_KEY"
-    max_tool_calls: int = _f(40, 1)
-    max_tokens: int = _f(200000, 1)
-    max_seconds: float = _f(600.0, 0.0, lo_open=True)
-    request_timeout_s: float = _f(120.0, 0.0, lo_open=True)
+    max_tool_calls: int = _f(40, 1, MAX_COUNT)
+    max_tokens: int = _f(200000, 1, 10**12)
+    max_seconds: float = _f(600.0, 0.0, WEEK_S, lo_open=True)
+    request_timeout_s: float = _f(120.0, 0.0, DAY_S, lo_open=True)
     max_retries: int = _f(3, 0, 20)
-    price_per_million_input: float = _f(0.0, 0.0)
-    price_per_million_output: float = _f(0.0, 0.0)
+    price_per_million_input: float = _f(0.0, 0.0, 1e6)
+    price_per_million_output: float = _f(0.0, 0.0, 1e6)
+    # Sent as `max_tokens` in every request (`max_tokens` above is the whole session's budget).
+    request_max_tokens: int = _f(2048, 1, 1_000_000)
+    # Requests in flight at the endpoint, timed-out ones still winding down included.
+    concurrency: int = _f(1, 1, 64)
+    # A phase archive or run folder whose recorded proposer sessions are replayed (no requests).
+    replay: str = ""
 
 
 @dataclass(frozen=True)
 class ScheduleConfig:
     kind: Literal["whale", "adaptive", "weight-only", "harness-only", "stagewise", "prompt-only"] = "whale"
-    cycles: int = _f(2, 1)
-    weight_epochs: float = _f(0.6, 0.0, lo_open=True)
-    harness_iterations: int = _f(6, 1)
+    cycles: int = _f(2, 1, MAX_ITERATIONS)
+    weight_epochs: float = _f(0.6, 0.0, MAX_EPOCHS, lo_open=True)
+    harness_iterations: int = _f(6, 1, MAX_ITERATIONS)
     # adaptive schedule
-    window_epochs: float = _f(0.2, 0.0, lo_open=True)
-    patience_epochs: float = _f(0.2, 0.0, lo_open=True)
-    min_weight_epochs: float = _f(0.2, 0.0)
-    harness_patience: int = _f(2, 1)
-    min_harness_iterations: int = _f(6, 1)
-    max_harness_iterations: int = _f(15, 1)
+    window_epochs: float = _f(0.2, 0.0, MAX_EPOCHS, lo_open=True)
+    patience_epochs: float = _f(0.2, 0.0, MAX_EPOCHS, lo_open=True)
+    min_weight_epochs: float = _f(0.2, 0.0, MAX_EPOCHS)
+    # adaptive: a cap on one weight phase, in epochs; 0 = none (phases share the total budget)
+    max_phase_weight_epochs: float = _f(0.0, 0.0, MAX_EPOCHS)
+    harness_patience: int = _f(2, 1, MAX_ITERATIONS)
+    min_harness_iterations: int = _f(6, 1, MAX_ITERATIONS)
+    max_harness_iterations: int = _f(15, 1, MAX_ITERATIONS)
     # total budgets for the single-component schedules
-    total_weight_epochs: float = _f(1.2, 0.0, lo_open=True)
-    total_harness_iterations: int = _f(12, 1)
+    total_weight_epochs: float = _f(1.2, 0.0, MAX_EPOCHS, lo_open=True)
+    total_harness_iterations: int = _f(12, 1, MAX_ITERATIONS)
 
 
 @dataclass(frozen=True)
@@ -240,7 +288,7 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         if value not in options:
             close = difflib.get_close_matches(str(value), [str(o) for o in options], n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"{path}: expected {_type_name(tp)}, got {value!r}{hint}")
+            raise ConfigError(f"{path}: expected {_type_name(tp)}, got {_show(value)}{hint}")
         return value
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
@@ -253,33 +301,74 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         return _build(tp, value, path)
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{path}: expected true or false, got {value!r}")
+            raise ConfigError(f"{path}: expected true or false, got {_show(value)}")
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{path}: expected an integer, got {value!r}")
+            raise ConfigError(f"{path}: expected an integer, got {_show(value)}")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{path}: expected a number, got {value!r}")
-        return float(value)
+            raise ConfigError(f"{path}: expected a number, got {_show(value)}")
+        try:
+            number = float(value)
+        except OverflowError:  # an integer past the float range
+            number = math.inf
+        if not math.isfinite(number):
+            raise ConfigError(f"{path}: expected a finite number, got {_show(value)}")
+        return number
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{path}: expected a string, got {value!r}")
+            raise ConfigError(f"{path}: expected a string, got {_show(value)}")
         return value
     raise ConfigError(f"{path}: unsupported type {tp}")  # pragma: no cover
 
 
 def _check_range(value: Any, meta: dict, path: str) -> None:
     rng = meta.get("range")
-    if not rng or not isinstance(value, (int, float)):
+    if not rng or isinstance(value, bool) or not isinstance(value, (int, float)):
         return
     lo, hi, lo_open = rng["lo"], rng["hi"], rng["lo_open"]
+    if isinstance(value, int):  # every integer fits int64 (seeds, counts and sizes reach C code)
+        lo = -INT64_MAX - 1 if lo is None else lo
+        hi = INT64_MAX if hi is None else hi
     if lo is not None and (value < lo or (lo_open and value == lo)):
         op = ">" if lo_open else ">="
-        raise ConfigError(f"{path}: expected a value {op} {lo}, got {value!r}")
+        raise ConfigError(f"{path}: expected a value {op} {lo}, got {_show(value)}")
     if hi is not None and value > hi:
-        raise ConfigError(f"{path}: expected a value <= {hi}, got {value!r}")
+        raise ConfigError(f"{path}: expected a value <= {hi}, got {_show(value)}")
+
+
+def _check_text(value: Any, meta: dict, path: str) -> None:
+    """A string field with a fixed form (`model.device`), checked without importing torch."""
+    pattern = meta.get("pattern")
+    if not pattern or not isinstance(value, str) or re.fullmatch(pattern, value):
+        return
+    words = [w for w in re.split(r"[ ,]+", meta.get("expect", "")) if w.isalpha() and w != "or"]
+    close = difflib.get_close_matches(value.lower(), words, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ConfigError(f"{path}: expected {meta.get('expect') or pattern}, got {_show(value)}{hint}")
+
+
+def _check_folder(value: Any, meta: dict, path: str) -> None:
+    """A folder the run writes into: refuse a path that is a file, or lies below one."""
+    if not meta.get("folder") or not isinstance(value, str):
+        return
+    if "\x00" in value:
+        raise ConfigError(f"{path}: {_show(value)} contains a NUL character; expected a folder path")
+    try:
+        target = Path(value).expanduser()
+    except RuntimeError:  # "~someone" with no such user
+        raise ConfigError(f"{path}: {value!r}: no such user's home folder") from None
+    for p in (target, *target.parents):
+        try:
+            if p.is_dir():
+                return
+            if p.exists():
+                where = "is a file" if p == target else f"lies below {p}, which is a file"
+                raise ConfigError(f"{path}: {value!r} {where}; expected a folder to write runs into")
+        except OSError as exc:  # a name too long, a permission problem: say which
+            raise ConfigError(f"{path}: {value!r} cannot be used as a folder ({exc.strerror})") from None
 
 
 def _build(cls: type, data: dict, path: str) -> Any:
@@ -287,16 +376,30 @@ def _build(cls: type, data: dict, path: str) -> Any:
     fields_by_name = {f.name: f for f in dataclasses.fields(cls)}
     kwargs = {}
     for key, value in data.items():
-        key_path = f"{path}.{key}" if path else key
+        key_path = f"{path}.{_key_text(key)}" if path else _key_text(key)
         if key not in fields_by_name:
             close = difflib.get_close_matches(key, list(fields_by_name), n=1)
             hint = f" (did you mean {(path + '.' if path else '') + close[0]!r}?)" if close else ""
             valid = ", ".join(fields_by_name)
             raise ConfigError(f"{key_path}: unknown key{hint}; valid keys here: {valid}")
         value = _convert(value, hints[key], key_path)
-        _check_range(value, dict(fields_by_name[key].metadata), key_path)
+        meta = dict(fields_by_name[key].metadata)
+        _check_range(value, meta, key_path)
+        _check_text(value, meta, key_path)
+        _check_folder(value, meta, key_path)
         kwargs[key] = value
     return cls(**kwargs)
+
+
+def _toml(text: str, where: str) -> dict:
+    """tomllib.loads with every failure as one line: a syntax error, or nesting so deep that the
+    recursive parser would overflow the stack (5,000 nested arrays)."""
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{where}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: not valid TOML: arrays or tables nested too deeply") from None
 
 
 def _parse_scalar(text: str) -> Any:
@@ -305,6 +408,8 @@ def _parse_scalar(text: str) -> Any:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         return text
+    except RecursionError:
+        raise ConfigError("arrays or tables nested too deeply") from None
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
@@ -321,7 +426,10 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"--set {item!r}: {part} is not a table")
-        node[parts[-1]] = _parse_scalar(raw.strip())
+        try:
+            node[parts[-1]] = _parse_scalar(raw.strip())
+        except ConfigError as exc:
+            raise ConfigError(f"--set {_show(key.strip())}: {exc}") from None
     return data
 
 
@@ -360,6 +468,27 @@ def config_from_dict(data: dict) -> Config:
     return _build(Config, data, "")
 
 
+def _read_utf8(p: Path) -> str:
+    """The file's text as UTF-8 (a byte-order mark is allowed); a ConfigError naming the first
+    bad byte otherwise, and for a folder or an unreadable file."""
+    if p.is_dir():
+        raise ConfigError(f"{p}: is a folder, expected a TOML config file")
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read the config file ({exc.strerror})") from None
+    skip = len(codecs.BOM_UTF8) if raw.startswith(codecs.BOM_UTF8) else 0
+    try:
+        return raw[skip:].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        offset = skip + exc.start
+        line = raw[:offset].count(b"\n") + 1
+        raise ConfigError(
+            f"{p}: not UTF-8 text: byte 0x{raw[offset]:02x} at offset {offset} (line {line}); "
+            f"save the config as UTF-8"
+        ) from None
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Read `whale.toml` (or defaults when path is None) and apply `--set` overrides."""
     data: dict = {}
@@ -367,14 +496,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         p = Path(path)
         if not p.exists():
             raise ConfigError(f"{p}: config file not found")
-        try:
-            data = tomllib.loads(p.read_text(encoding="utf-8"))
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+        data = _toml(_read_utf8(p), str(p))
     data = apply_overrides(data, list(overrides or []))
-    for note in migrate_config(data):
+    notes = migrate_config(data)
+    cfg = config_from_dict(data)  # first: a config error stays the one line printed
+    for note in notes:
         print(f"whale-lab: note: {note}", file=sys.stderr)
-    return config_from_dict(data)
+    return cfg
 
 
 def find_default_config() -> Path | None:
@@ -384,3 +512,8 @@ def find_default_config() -> Path | None:
         return here
     beside = Path(__file__).resolve().parent.parent / "whale.toml"
     return beside if beside.exists() else None
+
+
+def split_seed(cfg: Config) -> int:
+    """The seed the domain draws its tasks and splits with: `domain.split_seed`, else `run.seed`."""
+    return cfg.domain.split_seed if cfg.domain.split_seed >= 0 else cfg.run.seed

@@ -130,6 +130,7 @@ class Evaluator:
     sandbox: SandboxConfig
     max_context_tokens: int
     batch_episodes: int
+    max_invalid_share: float = 0.05  # more invalid (backend-error) episodes in a wave stop scoring
 
     @classmethod
     def from_config(cls, cfg: Config, backend: Backend, domain: Domain) -> Evaluator:
@@ -139,6 +140,7 @@ class Evaluator:
             sandbox=cfg.sandbox,
             max_context_tokens=cfg.model.max_context_tokens,
             batch_episodes=max(1, cfg.sampling.batch_size) * 4,
+            max_invalid_share=cfg.sampling.max_invalid_share,
         )
 
     def host(self, harness_path: str | Path) -> Any:
@@ -171,6 +173,7 @@ class Evaluator:
             sandbox=self.sandbox,
             max_context_tokens=self.max_context_tokens,
             batch_episodes=self.batch_episodes,
+            max_invalid_share=self.max_invalid_share,
             on_episode=on_episode,
             should_stop=should_stop,
             host=host,

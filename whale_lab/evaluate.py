@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import re
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from whale_lab import metrics
-from whale_lab.backends.base import Backend, SamplingParams
-from whale_lab.config import Config, SandboxConfig
+from whale_lab.backends.base import Backend, BackendError, SamplingParams
+from whale_lab.config import Config, SamplingConfig, SandboxConfig
 from whale_lab.domains.base import Domain, Task
 from whale_lab.trace import EpisodeTrace
 
@@ -67,11 +69,14 @@ def score_harness(
     on_episode: Callable[[EpisodeTrace], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     host: Any = None,
+    max_invalid_share: float = SamplingConfig.max_invalid_share,
 ) -> EvalReport:
     """k rollouts per task under one harness; the harness host is started here unless given.
 
     Episodes run in waves of `batch_episodes` (task x sample pairs) so that memory stays bounded;
-    within a wave every turn is one batched generation.
+    within a wave every turn is one batched generation. Episodes that ended in a backend error are
+    not scored; when more than `max_invalid_share` of a wave did, scoring stops with a BackendError
+    (a score over refused requests would read as a bad harness).
     """
     from whale_lab.harness import HarnessHost
     from whale_lab.rollout import run_episodes
@@ -87,9 +92,11 @@ def score_harness(
             if should_stop is not None and should_stop():
                 break
             wave = jobs[start:start + batch_episodes]
-            traces.extend(run_episodes(wave, domain, host, backend, params,
-                                       max_context_tokens=max_context_tokens,
-                                       on_episode=on_episode, should_stop=should_stop))
+            done = run_episodes(wave, domain, host, backend, params,
+                                max_context_tokens=max_context_tokens,
+                                on_episode=on_episode, should_stop=should_stop)
+            traces.extend(done)
+            _check_invalid_share(done, backend, max_invalid_share)
     finally:
         if own_host:
             host.close()
@@ -106,4 +113,28 @@ def score_harness(
         diagnostics=diag,
         traces=traces,
         seconds=time.perf_counter() - t0,
+    )
+
+
+def _check_invalid_share(wave: Sequence[EpisodeTrace], backend: Backend, limit: float) -> None:
+    """One-line BackendError naming the server and what it answered, when too much of a wave is
+    invalid."""
+    invalid = [t for t in wave if metrics.is_invalid(t)]
+    if not wave or len(invalid) / len(wave) <= limit:
+        return
+    errors = Counter(t.error or "generation failed" for t in invalid)
+    error, _ = errors.most_common(1)[0]
+    statuses = Counter(m.group(1) for t in invalid for m in [re.search(r"HTTP (\d{3})", t.error)] if m)
+    label = getattr(backend, "server_label", "") or getattr(backend, "base_url", "")
+    server = label or f"the {getattr(backend, 'name', 'model')} backend"
+    detail = " ".join(error.split()).removeprefix("the server refused the request: ")
+    if statuses:
+        status = statuses.most_common(1)[0][0]
+        server += f" answered HTTP {status}"
+        detail = detail.removeprefix(f"HTTP {status}: ")
+    detail = detail if len(detail) <= 200 else detail[:197] + "..."
+    raise BackendError(
+        f"scoring stopped: {len(invalid)} of {len(wave)} episodes of a wave ended with a backend "
+        f"error ({len(invalid) / len(wave):.0%}, more than sampling.max_invalid_share "
+        f"{limit:.0%}); {server}: {detail}"
     )

@@ -164,6 +164,14 @@ class WeightStep(Event):
     grad_norm: float | None
     step_seconds: float
     rollouts: int
+    # What the backend generates with after this step, and whether that was checked
+    # (weights/sync.py). Defaults keep event files from before these fields readable.
+    served_version: str = ""  # "base" or "step-<n>" (the adapter name for adapter backends)
+    fingerprint: str = ""  # short hash of the trained tensors behind served_version
+    sync: str = ""  # "verified" | "unverified" | "skipped" (nothing published this step)
+    sync_distance: float | None = None  # mean |served - trained| log-prob per probe token (nats)
+    sync_note: str = ""  # why unverified
+    reencoded_turns: int = 0  # trained turns whose target was re-encoded text, not sampled ids
 
 
 @dataclass(frozen=True)
@@ -271,6 +279,10 @@ class ProbeResult(Event):
     recommendation: str
     evidence: tuple[str, ...] = ()
     diagnostics: dict[str, float] = field(default_factory=dict)
+    # "harness" | "weights" | "both" | "inconclusive" (paired intervals) | "unclear" (none)
+    verdict: str = ""
+    # per side: {"gain_per_1k", "interval": [low, high] | None, "verdict", "rollouts", "paired"}
+    sides: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,9 @@
-"""Scores and the diagnostics that say where failures come from."""
+"""Scores and the diagnostics that say where failures come from.
+
+An episode whose generation failed at the backend (a refused request, a timeout, an unusable
+answer) says nothing about the harness or the weights: it is invalid, left out of mean@k, pass@k
+and the success rate, and counted on its own (`invalid_episodes`, `invalid_share`).
+"""
 
 from __future__ import annotations
 
@@ -9,9 +14,21 @@ from collections.abc import Iterable, Sequence
 from whale_lab.trace import EpisodeTrace
 
 
+def is_invalid(trace: EpisodeTrace) -> bool:
+    """True when a generation of the episode ended with a backend error (not a model failure)."""
+    return trace.stop_reason == "backend_error" or any(
+        turn.finish_reason == "error" for turn in trace.turns
+    )
+
+
+def valid(traces: Iterable[EpisodeTrace]) -> list[EpisodeTrace]:
+    """The episodes that count for scores."""
+    return [t for t in traces if not is_invalid(t)]
+
+
 def _by_task(traces: Iterable[EpisodeTrace]) -> dict[str, list[float]]:
     groups: dict[str, list[float]] = defaultdict(list)
-    for t in traces:
+    for t in valid(traces):
         groups[t.task_id].append(float(t.reward))
     return groups
 
@@ -44,9 +61,10 @@ def pass_at_k(traces: Sequence[EpisodeTrace], k: int | None = None, threshold: f
 
 
 def success_rate(traces: Sequence[EpisodeTrace], threshold: float = 0.5) -> float:
-    if not traces:
+    scored = valid(traces)
+    if not scored:
         return 0.0
-    return sum(t.reward > threshold for t in traces) / len(traces)
+    return sum(t.reward > threshold for t in scored) / len(scored)
 
 
 def diagnostics(traces: Sequence[EpisodeTrace]) -> dict[str, float]:
@@ -70,14 +88,24 @@ def diagnostics(traces: Sequence[EpisodeTrace]) -> dict[str, float]:
         "tool_error_rate": (sum(t.tool_errors for t in traces) / tool_calls) if tool_calls else 0.0,
         "tool_calls_per_episode": tool_calls / n,
         "illegal_move_rate": sum(t.illegal_moves for t in traces) / turns,
+        # turns where the harness, not the model, picked the move (a chess fallback)
+        "harness_chose_move": sum(
+            1
+            for t in traces
+            for turn in t.turns
+            if isinstance(turn.feedback, dict) and turn.feedback.get("kind") == "harness_chose_move"
+        ) / turns,
     }
+    invalid = sum(is_invalid(t) for t in traces)
+    out["invalid_episodes"] = float(invalid)
+    out["invalid_share"] = invalid / n
     for reason in ("answered", "solved", "wrong_move", "format_failure", "illegal_moves",
                    "turn_cap", "token_cap", "harness_error", "backend_error"):
         out[f"stop_{reason}"] = stop.get(reason, 0) / n
     recalls = [t.info["retrieval_recall"] for t in traces if "retrieval_recall" in t.info]
     if recalls:
         out["retrieval_recall"] = sum(float(r) for r in recalls) / len(recalls)
-    answered = [t for t in traces if t.stop_reason == "answered"]
+    answered = [t for t in valid(traces) if t.stop_reason == "answered"]
     if answered:
         out["accuracy_when_answered"] = sum(t.reward > 0.5 for t in answered) / len(answered)
     return out
@@ -92,6 +120,8 @@ FAILURE_LABELS = {
     "stop_token_cap": "context overflows",
     "stop_harness_error": "harness crashes",
     "stop_backend_error": "backend errors",
+    "invalid_share": "invalid episodes (backend errors, not scored)",
+    "harness_chose_move": "harness chose the move (not the model)",
     "stop_wrong_move": "wrong moves",
     "retrieval_recall": "retrieval recall",
 }

@@ -131,7 +131,8 @@ def run_episodes(
         stepping: list[tuple[_Live, TurnRecord, Action]] = []
         for (ep, messages, _ctx), gen, res in zip(ready, gens, parsed, strict=True):
             rec = TurnRecord(prompt=messages, response=gen.text, finish_reason=gen.finish_reason,
-                             prompt_tokens=gen.prompt_tokens, completion_tokens=gen.completion_tokens)
+                             prompt_tokens=gen.prompt_tokens, completion_tokens=gen.completion_tokens,
+                             token_ids=_sampled_ids(gen))
             ep.trace.turns.append(rec)
             if gen.finish_reason == "length":
                 ep.trace.token_cap_hits += 1
@@ -144,6 +145,12 @@ def run_episodes(
                 close(ep)
                 continue
             action: Action = domain.normalise_action(res.value)
+            refused = _refusal(ep.env, action, gen.text)
+            shown = action.reason
+            if refused is not None:  # the parser, not the model, chose: a format failure
+                kind, reason, shown = refused
+                action = Action(kind="invalid", value=action.value, reason=reason)
+                rec.feedback = {"kind": kind, "detail": reason}  # every such turn, the last too
             rec.action = action.to_dict()
             ep.history.append({"type": "response", "text": gen.text})
             if action.kind == "invalid":
@@ -152,8 +159,9 @@ def run_episodes(
                     ep.finish("format_failure")
                     close(ep)
                     continue
-                ep.history.append({"type": "feedback", "kind": "format", "detail": action.reason})
-                rec.feedback = {"kind": "format", "detail": action.reason}
+                ep.history.append({"type": "feedback", "kind": "format", "detail": shown})
+                if refused is None:
+                    rec.feedback = {"kind": "format", "detail": action.reason}
                 _check_turn_cap(ep, max_turns, close)
             else:
                 if action.kind == "tool":
@@ -189,6 +197,32 @@ def run_episodes(
                 ep.history.append({"type": "observation", "observation": obs})
             _check_turn_cap(ep, max_turns, close)
     return [ep.trace for ep in episodes]
+
+
+def _sampled_ids(gen: Generation) -> list[int] | None:
+    """The ids to train on; None when the backend returned none (SFT re-encodes the text then).
+
+    An empty completion has no ids to return, so `()` with zero tokens is a real, empty answer.
+    """
+    if gen.finish_reason == "error":
+        return None
+    if gen.token_ids or gen.completion_tokens == 0:
+        return [int(t) for t in gen.token_ids]
+    return None
+
+
+def _refusal(env: Env, action: Action, response: str) -> tuple[str, str, str] | None:
+    """The environment's refusal of a parsed action that the model's reply does not back.
+
+    An environment may define `check_reply(action, response)`; chess does, so that a parser
+    cannot choose the move itself. It returns None, or (feedback kind for the trace, reason for
+    the trace, detail shown to the model). Checked here, on the model's raw reply, because the
+    environment only ever receives the parsed action.
+    """
+    check = getattr(env, "check_reply", None)
+    if action.kind == "invalid" or not callable(check):
+        return None
+    return check(action, response)
 
 
 def _check_turn_cap(ep: _Live, max_turns: int, close: Callable[[_Live], None]) -> None:

@@ -35,6 +35,9 @@ PRIVATE_INFO_KEYS = frozenset(
         "ground_truth",
         "expected",
         "verifier",
+        # computed from the reference answers: engine-side diagnostics only, never on disk
+        "retrieval_recall",
+        "answer_in_results",
     }
 )
 
@@ -59,6 +62,15 @@ class TurnRecord:
     observation: Any = None
     feedback: dict[str, str] | None = None  # {"kind", "detail", "text"}
     tool_error: bool = False
+    # The ids the backend sampled (without the end token), so training targets what was sampled
+    # and not a re-encoding of `response`; None where the backend returns no ids.
+    token_ids: list[int] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        if self.token_ids is None:
+            d.pop("token_ids")  # traces from backends without ids read as before
+        return d
 
 
 @dataclass
@@ -92,6 +104,7 @@ class EpisodeTrace:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        d["turns"] = [t.to_dict() for t in self.turns]
         d["n_turns"] = self.n_turns
         return d
 

@@ -193,3 +193,20 @@ def test_trace_text_keeps_model_text_literal() -> None:
     assert "[red]maybe[/red]" in text.plain
     assert "(2 earlier messages)" in text.plain  # turn 2 shows only what is new
     assert "feedback (format)" in text.plain
+
+
+def test_the_header_shows_the_last_weight_sync_state() -> None:
+    from whale_lab.events import WeightStep
+    from whale_lab.tui.render import status_line
+    from whale_lab.tui.state import RunView
+
+    view = RunView()
+    step = dict(cycle=1, epoch=0.1, train_reward=0.5, accept_rate=0.5, kept=2, loss=1.0,
+                tokens=10, grad_norm=1.0, step_seconds=1.0, rollouts=4)
+    view.apply(WeightStep(step=1, **step))
+    assert "weights" not in status_line(view, state="running", fallback={}).plain
+    view.apply(WeightStep(step=2, sync="verified", sync_distance=0.001, **step))
+    assert "weights verified" in status_line(view, state="running", fallback={}).plain
+    view.apply(WeightStep(step=3, sync="unverified", **step))
+    assert view.weight_sync == "unverified"
+    assert "weights unverified" in status_line(view, state="running", fallback={}).plain

@@ -19,6 +19,9 @@ class SamplingParams:
     max_new_tokens: int = 96
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    # Return each generated token's log-probability under the served weights (raw model
+    # distribution, before temperature/top-p/top-k): what a weight-sync check compares.
+    logprobs: bool = False
 
     @property
     def greedy(self) -> bool:
@@ -31,8 +34,9 @@ class Generation:
     prompt_tokens: int
     completion_tokens: int
     finish_reason: Literal["stop", "length", "error"]
-    token_ids: tuple[int, ...] = ()
+    token_ids: tuple[int, ...] = ()  # the sampled ids (what training should target)
     error: str = ""
+    token_logprobs: tuple[float, ...] = ()  # one per token_ids entry, when params.logprobs
 
 
 @runtime_checkable

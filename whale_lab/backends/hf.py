@@ -4,6 +4,9 @@ The backend holds the very model object that the weight phase updates in place, 
 the current weights: nothing derived from the weights is cached between calls. Prompts are rendered
 with the tokenizer's chat template, sorted by length, left-padded and generated in chunks of
 `batch_size` (one `model.generate` per chunk); results come back in the caller's order.
+With `SamplingParams.logprobs` each generated token's log-probability comes back too, taken from
+the raw logits (before temperature/top-k/top-p), which is what a weight-sync check compares with
+the trainer's own forward pass. It holds a chunk's per-step logits, so it is meant for short probes.
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ class HFBackend:
     @classmethod
     def from_config(cls, cfg: Config, model: Any = None, tokenizer: Any = None) -> HFBackend:
         """Load `cfg.model.path` (or wrap the given model/tokenizer) with the config's batch sizes."""
+        from whale_lab.devices import with_device  # model.device checked before a long load
+        cfg = with_device(cfg)
         given = model is not None
         if model is None:
             from whale_lab.models import load_model_and_tokenizer
@@ -214,6 +219,9 @@ class HFBackend:
             use_cache=True,
             num_return_sequences=1,
             stop_strings=list(params.stop) or None,
+            # the raw per-step logits (before any processor) when log-probabilities are asked for
+            output_logits=params.logprobs,
+            return_dict_in_generate=params.logprobs,
             **sampling,
         )
         extra: dict[str, Any] = {"tokenizer": self.tokenizer} if params.stop else {}
@@ -229,11 +237,19 @@ class HFBackend:
                 f"out of memory generating {len(rows)} prompts of up to {width} tokens; "
                 f"lower sampling.batch_size (now {self.batch_size}): {exc}"
             ) from None
-        completions = out[:, width:].tolist()
+        logprobs: list[list[float]] | None = None
+        if params.logprobs:
+            sequences = out.sequences[:, width:]
+            logprobs = _chosen_logprobs(out.logits, sequences).tolist()
+            completions = sequences.tolist()
+        else:
+            completions = out[:, width:].tolist()
         eos_set = set(eos_ids)
         return [
-            self._finish(row, toks, budget, eos_set, params.stop)
-            for row, toks, budget in zip(rows, completions, budgets, strict=True)
+            self._finish(
+                row, toks, budget, eos_set, params.stop, None if logprobs is None else logprobs[j]
+            )
+            for j, (row, toks, budget) in enumerate(zip(rows, completions, budgets, strict=True))
         ]
 
     def _finish(
@@ -243,6 +259,7 @@ class HFBackend:
         budget: int,
         eos_set: set[int],
         stop: Sequence[str],
+        logprobs: list[float] | None = None,
     ) -> Generation:
         """Trim one row at EOS / stop string / its budget and say why it ended."""
         toks = toks[:budget]  # the chunk may have run past this row's own budget
@@ -263,6 +280,7 @@ class HFBackend:
             completion_tokens=len(toks),
             finish_reason="stop" if ended else "length",
             token_ids=tuple(toks),
+            token_logprobs=() if logprobs is None else tuple(logprobs[: len(toks)]),
         )
 
     def _tokens_through_stop(self, toks: list[int], stop: Sequence[str]) -> list[int]:
@@ -278,6 +296,19 @@ class HFBackend:
 
     def close(self) -> None:
         """Nothing to release: the model belongs to whoever trains it."""
+
+
+def _chosen_logprobs(step_logits: Sequence[Any], chosen: Any) -> Any:
+    """Log-probability of each chosen token under the raw per-step logits: (rows, steps)."""
+    import torch
+
+    cols = [
+        torch.log_softmax(logits.float(), dim=-1).gather(-1, chosen[:, i : i + 1].to(logits.device))
+        for i, logits in enumerate(step_logits)
+    ]
+    if not cols:
+        return torch.zeros((chosen.shape[0], 0))
+    return torch.cat(cols, dim=-1).cpu()
 
 
 def _load_tokenizer(name: str) -> Any:

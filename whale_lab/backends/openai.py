@@ -8,18 +8,27 @@ timeouts) gets `Generation(finish_reason="error")` so that one bad prompt never 
 
 Adapters: `load_adapter(path, name)` uses vLLM's runtime LoRA endpoint, after which requests name the
 adapter as their model, so harness search sees the weights RSFT just trained.
+
+Honesty checks (on for a backend built from a config, before its first generation): `preflight()`
+lists `/v1/models`, tells vLLM from `transformers serve` (each needs its own fields to sample),
+resolves the model name and sends a one-token request, so a wrong name or a refusing server is one
+line before any rollout; `check_sampling(params)` draws repeated samples of probe prompts and stops
+when a server asked for temperature > 0 returns copies. `preflight(adapters=True)` also checks that
+the runtime LoRA endpoint exists.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
 import random
+import re
 import threading
 from collections.abc import Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +51,19 @@ log = logging.getLogger(__name__)
 
 # Request fields that some servers reject (`transformers serve` refuses top_k, a few refuse seed).
 # When a 400/422 names one, it is dropped for the rest of the backend's life and the request resent.
-OPTIONAL_FIELDS = ("top_k", "seed")
+OPTIONAL_FIELDS = ("top_k", "seed", "return_tokens_as_token_ids", "logprobs", "generation_config")
+# What `preflight` can tell a server to be; "" is "not looked at" (send the plain fields).
+SERVER_LABELS = {
+    "vllm": "vLLM",
+    "transformers": "`transformers serve`",
+    "openai": "an OpenAI-compatible server",
+    "": "an OpenAI-compatible server",
+}
+# Prompts whose repeated samples must differ when the server samples; short, open-ended.
+PROBE_PROMPTS = ("Say something.", "2 + 3 = ?")
+PROBE_SAMPLES = 4  # per probe prompt
+PROBE_TOKENS = 16
+_TOKEN_ID = re.compile(r"token_id:(-?\d+)")
 # Statuses that say "the request was fine, ask again later".
 RETRY_STATUSES = frozenset({408, 409, 425, 429})
 # 4xx statuses that, when every prompt of a batch gets them, mean the setup is wrong.
@@ -121,6 +142,9 @@ class OpenAIBackend:
         tokenizer: Any = None,
         backoff_s: float = 0.25,
         max_backoff_s: float = 8.0,
+        server_kind: str = "",
+        aliases: Sequence[str] = (),
+        verify: bool = False,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise BackendError(
@@ -147,6 +171,20 @@ class OpenAIBackend:
         self.max_backoff_s = max_backoff_s
         self.adapters: dict[str, str] = {}  # name -> path, as loaded on the server
         self.dropped_fields: set[str] = set()
+        if server_kind not in SERVER_LABELS:
+            raise BackendError(
+                f"unknown server kind {server_kind!r}; one of {', '.join(k for k in SERVER_LABELS if k)}"
+            )
+        # "vllm" | "transformers" | "openai" (looked at, neither) | "" (not looked at: plain fields)
+        self.server_kind = server_kind
+        # Other names the model may be served under (model.path when served_model is set).
+        self.aliases = tuple(a for a in aliases if a and a != model)
+        # Preflight and the sampling check before the first generation (a config-built backend).
+        self.verify = verify
+        self.model_note = ""  # which served name preflight settled on, and why
+        self.preflighted = False
+        self._sampling_ok: set[tuple[float, float, int]] = set()
+        self._check_lock = threading.RLock()
         self._lock = threading.Lock()
         headers = {"Content-Type": "application/json"}
         key = os.environ.get(api_key_env, "") if api_key_env else ""
@@ -173,12 +211,19 @@ class OpenAIBackend:
             max_retries=m.max_retries,
             concurrency=m.concurrency,
             tokenizer=tokenizer,
+            aliases=(m.path,) if m.served_model else (),
+            verify=True,
         )
 
     @property
     def server_root(self) -> str:
         """The base URL without its `/v1` suffix (vLLM's adapter endpoints hang off the root)."""
         return self.base_url[: -len("/v1")] if self.base_url.endswith("/v1") else self.base_url
+
+    @property
+    def server_label(self) -> str:
+        """What the server is, for one-line errors: 'vLLM at http://...'."""
+        return f"{SERVER_LABELS[self.server_kind]} at {self.base_url}"
 
     # ------------------------------------------------------------------ tokens
 
@@ -207,6 +252,13 @@ class OpenAIBackend:
         msgs = [check_messages(p, f"prompt {i}") for i, p in enumerate(prompts)]
         if not msgs:
             return []
+        if self.verify:
+            self._ensure_verified(params)
+        return self._generate(msgs, params)
+
+    def _generate(
+        self, msgs: list[list[dict[str, str]]], params: SamplingParams
+    ) -> list[Generation]:
         abort = threading.Event()
         pool = self._executor()
         futures: list[Future[tuple[Generation, int]]] = [
@@ -221,15 +273,18 @@ class OpenAIBackend:
                     other.cancel()
                 wait(futures)
                 if isinstance(exc, _Unreachable):
-                    raise BackendError(
-                        f"cannot reach the OpenAI-compatible server at {self.base_url} ({exc}): "
-                        "is it running? Start one (for example `vllm serve MODEL` or "
-                        "`transformers serve MODEL`) or fix model.base_url."
-                    ) from None
+                    raise self._unreachable(str(exc)) from None
                 raise exc
         results = [f.result() for f in futures]
         self._raise_on_setup_error(results)
         return [gen for gen, _ in results]
+
+    def _unreachable(self, reason: str) -> BackendError:
+        return BackendError(
+            f"cannot reach the OpenAI-compatible server at {self.base_url} ({reason}): "
+            "is it running? Start one (for example `vllm serve MODEL` or "
+            "`transformers serve MODEL`) or fix model.base_url."
+        )
 
     def _executor(self) -> ThreadPoolExecutor:
         with self._lock:
@@ -239,9 +294,15 @@ class OpenAIBackend:
                 )
             return self._pool
 
-    def _body(self, messages: list[dict[str, str]], params: SamplingParams, index: int) -> dict:
+    def _body(
+        self,
+        messages: list[dict[str, str]],
+        params: SamplingParams,
+        index: int,
+        model: str | None = None,
+    ) -> dict:
         body: dict[str, Any] = {
-            "model": self.active_model,
+            "model": model or self.active_model,
             "messages": messages,
             "temperature": params.temperature,
             "top_p": params.top_p,
@@ -250,10 +311,20 @@ class OpenAIBackend:
         }
         if params.stop:
             body["stop"] = list(params.stop)
-        if params.top_k > 0:
+        if self.server_kind == "transformers":
+            # `transformers serve` copies temperature and top_p into the model's generation config
+            # but only ever switches do_sample off (at temperature 0), refuses top_k and ignores n
+            # and logprobs: it samples only when a `generation_config` says do_sample.
+            del body["n"]
+            body["generation_config"] = json.dumps(_hf_generation_config(params))
+        elif params.top_k > 0:
             body["top_k"] = params.top_k  # not in OpenAI's schema; vLLM and others accept it
         if params.seed is not None:
             body["seed"] = params.seed + index  # distinct per prompt: equal prompts, other samples
+        if params.logprobs and self.server_kind != "transformers":
+            body["logprobs"] = True
+            # vLLM: tokens as "token_id:N", so the ids come back exactly (dropped where refused).
+            body["return_tokens_as_token_ids"] = True
         with self._lock:
             for name in self.dropped_fields:
                 body.pop(name, None)
@@ -265,13 +336,17 @@ class OpenAIBackend:
         messages: list[dict[str, str]],
         params: SamplingParams,
         abort: threading.Event,
+        *,
+        model: str | None = None,
+        retries: int | None = None,
     ) -> tuple[Generation, int]:
         """One prompt's completion, and the HTTP status when the server refused it (else 0)."""
         url = f"{self.base_url}/chat/completions"
-        body = self._body(messages, params, index)
+        body = self._body(messages, params, index, model)
+        max_retries = self.max_retries if retries is None else retries
         failure = _Failure("none", "")
         attempt = 0
-        while attempt <= self.max_retries:
+        while attempt <= max_retries:
             if abort.is_set():
                 return Generation("", 0, 0, "error", error="batch aborted"), 0
             if attempt:
@@ -352,9 +427,16 @@ class OpenAIBackend:
         if not isinstance(text, str):
             return f"the answer's message content is {type(text).__name__}, not a string"
         finish = "length" if choice.get("finish_reason") == "length" else "stop"
+        token_ids, token_logprobs = _token_logprobs(choice.get("logprobs"), params)
+        if not token_ids:
+            raw = choice.get("token_ids")  # vLLM's return_token_ids, when a server sends it
+            if isinstance(raw, list) and all(type(t) is int for t in raw):
+                token_ids = tuple(raw)
         if params.stop:
             text, hit = cut_at_stop(text, params.stop)
             finish = "stop" if hit else finish
+            if hit:  # cut here, not by the server: the ids run past the stop string
+                token_ids, token_logprobs = (), ()
         usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
         prompt_tokens = usage.get("prompt_tokens")
         completion_tokens = usage.get("completion_tokens")
@@ -367,6 +449,8 @@ class OpenAIBackend:
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             finish_reason=finish,
+            token_ids=token_ids,
+            token_logprobs=token_logprobs,
         )
 
     def _raise_on_setup_error(self, results: list[tuple[Generation, int]]) -> None:
@@ -382,6 +466,206 @@ class OpenAIBackend:
                 f"the server at {self.base_url} refused every request for model "
                 f"{self.active_model!r} ({detail}): {hint.replace('${env}', '$' + self.api_key_env)}"
             )
+
+    # ------------------------------------------------------------ honesty checks
+
+    def _ensure_verified(self, params: SamplingParams) -> None:
+        """Preflight once, then the sampling check once per sampling setting, before generating."""
+        with self._check_lock:
+            if not self.preflighted:
+                self.preflight()
+            if params.temperature > 0 and _sampling_key(params) not in self._sampling_ok:
+                self.check_sampling(params)
+
+    def preflight(self, adapters: bool = False) -> None:
+        """Check, before any rollout, what the run needs of the server; a one-line error if not.
+
+        The model list says which server this is (vLLM and `transformers serve` need different
+        fields to sample) and which name to ask for; a one-token request shows the chat endpoint
+        answers for that name; `adapters=True` checks the runtime LoRA endpoint exists.
+        """
+        with self._check_lock:
+            listing = self._list_models()
+            if not self.server_kind:
+                self.server_kind = self._detect_kind(listing)
+            name, how = self._resolve_model(listing)
+            if self.server_kind == "openai" and not listing:
+                # `transformers serve` lists a local folder only once loaded (the probe loaded it).
+                kind = self._detect_kind(self._list_models(), ask_version=False)
+                if kind != "openai":
+                    self.server_kind = kind
+            self._use_model(name, how)
+            if adapters:
+                # An empty load request: a server with the endpoint refuses the body (400/422),
+                # one without it answers 404/405 (which `_adapter_call` turns into the hint).
+                self._adapter_call("load_lora_adapter", {})
+            self.preflighted = True
+
+    def _get(self, url: str) -> httpx.Response | None:
+        """GET with one attempt; None when the server answers garbage or times out."""
+        try:
+            return self._client.get(url, timeout=min(self.timeout_s, 10.0))
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise self._unreachable(_unreachable_reason(exc)) from None
+        except httpx.TransportError:
+            return None
+
+    def _list_models(self) -> list[dict[str, Any]] | None:
+        """The entries of `/v1/models`, or None when the server has no usable listing."""
+        resp = self._get(f"{self.base_url}/models")
+        if resp is None or resp.status_code != 200:
+            return None
+        try:
+            data = resp.json()
+        except ValueError:
+            return None
+        entries = data.get("data") if isinstance(data, dict) else None
+        if not isinstance(entries, list):
+            return None
+        return [e for e in entries if isinstance(e, dict) and isinstance(e.get("id"), str)]
+
+    def _detect_kind(
+        self, listing: list[dict[str, Any]] | None, *, ask_version: bool = True
+    ) -> str:
+        """vLLM owns its models ("owned_by": "vllm") and answers /version; `transformers serve`
+        adds a "status" (loaded or not) to each entry of its list."""
+        entries = listing or []
+        if any(e.get("owned_by") == "vllm" for e in entries):
+            return "vllm"
+        if any(isinstance(e.get("status"), dict) for e in entries):
+            return "transformers"
+        if ask_version:
+            resp = self._get(f"{self.server_root}/version")
+            try:
+                data = resp.json() if resp is not None and resp.status_code == 200 else None
+            except ValueError:
+                data = None
+            if isinstance(data, dict) and isinstance(data.get("version"), str):
+                return "vllm"
+        return "openai"
+
+    def _candidates(self) -> list[str]:
+        """Names to try, in order: the configured one, its aliases, and a preset's folder."""
+        out: list[str] = []
+        for name in (self.base_model, *self.aliases):
+            folder = _preset_folder(name)
+            for n in (folder, name):
+                if n and n not in out:
+                    out.append(n)
+        return out
+
+    def _resolve_model(self, listing: list[dict[str, Any]] | None) -> tuple[str, str]:
+        """The served model name to use and how it was found: a listed candidate, else one the
+        server accepts, else the only model it lists; a one-line error naming what it serves."""
+        requested = self.base_model
+        names = [e["id"] for e in listing] if listing is not None else None
+        candidates = self._candidates()
+        if names:
+            listed = next((c for c in candidates if c in names), None)
+            if listed is not None:
+                refusal = self._probe_chat(listed)
+                if refusal:
+                    raise BackendError(f"{self.server_label} lists model {listed!r} but {refusal}")
+                return listed, "listed in /v1/models"
+        refusals: dict[str, str] = {}
+        for name in candidates:
+            refusal = self._probe_chat(name)
+            if not refusal:
+                return name, "accepted by the server"
+            refusals[name] = refusal
+        first_refusal = refusals.get(requested) or next(iter(refusals.values()), "")
+        bases = [e["id"] for e in listing or [] if not e.get("parent")]
+        if len(bases) == 1:
+            refusal = self._probe_chat(bases[0])
+            if not refusal:
+                return bases[0], "the only model in /v1/models"
+            raise BackendError(f"{self.server_label} lists only {bases[0]!r} and {refusal}")
+        if names:
+            shown = ", ".join(repr(n) for n in names[:8]) + (", ..." if len(names) > 8 else "")
+            raise BackendError(
+                f"model.served_model {requested!r} is not served by {self.server_label}; it "
+                f"serves {shown}: set model.served_model to one of them ({first_refusal})"
+            )
+        raise BackendError(f"{self.server_label}: {first_refusal}")
+
+    def _probe_chat(self, model: str) -> str:
+        """'' when a one-token greedy request for `model` is answered, else why not (one line)."""
+        probe = SamplingParams(temperature=0.0, top_k=0, max_new_tokens=1)
+        try:
+            gen, status = self._complete(
+                0,
+                [{"role": "user", "content": "hi"}],
+                probe,
+                threading.Event(),
+                model=model,
+                retries=min(self.max_retries, 1),
+            )
+        except _Unreachable as exc:
+            raise self._unreachable(str(exc)) from None
+        if gen.finish_reason != "error":
+            return ""
+        error = gen.error.removeprefix("the server refused the request: ")
+        hint = SETUP_STATUSES.get(status, "").replace("${env}", "$" + self.api_key_env)
+        return f"refused a one-token chat request for model {model!r}: {error}" + (
+            f" ({hint})" if hint else ""
+        )
+
+    def _use_model(self, name: str, how: str) -> None:
+        if self.active_model == self.base_model:
+            self.active_model = name
+        configured = self.base_model
+        self.base_model = name
+        if name == configured:
+            self.model_note = f"model {name!r} ({how})"
+            log.info("%s serves %s", self.server_label, self.model_note)
+        else:
+            self.model_note = f"model {name!r} ({how}; configured: {configured!r})"
+            log.warning("%s: using %s", self.server_label, self.model_note)
+
+    def check_sampling(self, params: SamplingParams) -> None:
+        """At temperature > 0 repeated samples of a probe prompt must differ; stop if they never do.
+
+        A server that copies the temperature but decodes greedily returns k copies: mean@k would
+        read as pass@k and RSFT's samples per prompt would be one sample. When the configured
+        temperature is low enough that copies are plausible, a second look at temperature 1 tells a
+        confident model from a server that does not sample.
+        """
+        if params.temperature <= 0:
+            return
+        with self._check_lock:
+            copies = self._probe_copies(params)
+            if copies is not None and params.temperature < 1.0:
+                if self._probe_copies(replace(params, temperature=1.0)) is None:
+                    log.info(
+                        "%s: samples at temperature %g repeat, at 1.0 they differ: the server "
+                        "samples",
+                        self.server_label,
+                        params.temperature,
+                    )
+                    copies = None
+            if copies is not None:
+                raise BackendError(
+                    f"sampling check failed: {self.server_label} returned the same text for all "
+                    f"{PROBE_SAMPLES} samples of each probe prompt at temperature "
+                    f"{params.temperature:g} (model {self.active_model!r}, reply {copies!r}); it "
+                    "does not sample, and scores or RSFT groups would be copies"
+                )
+            self._sampling_ok.add(_sampling_key(params))
+
+    def _probe_copies(self, params: SamplingParams) -> str | None:
+        """The repeated reply when every probe prompt got one text for all its samples, else None."""
+        probe = replace(params, max_new_tokens=PROBE_TOKENS, stop=(), logprobs=False)
+        prompts = [
+            [{"role": "user", "content": p}] for p in PROBE_PROMPTS for _ in range(PROBE_SAMPLES)
+        ]
+        gens = self._generate(prompts, probe)
+        failed = next((g for g in gens if g.finish_reason == "error"), None)
+        if failed is not None:
+            raise BackendError(f"sampling check: {self.server_label}: {_short(failed.error, 200)}")
+        groups = [gens[i : i + PROBE_SAMPLES] for i in range(0, len(gens), PROBE_SAMPLES)]
+        if any(len({g.text for g in group}) > 1 for group in groups):
+            return None
+        return _short(groups[0][0].text, 40)
 
     # ----------------------------------------------------------------- adapters
 
@@ -473,3 +757,57 @@ def _local_tokenizer(path: str) -> Any:
 
         tok.chat_template = CHAT_TEMPLATE
     return tok
+
+
+def _sampling_key(params: SamplingParams) -> tuple[float, float, int]:
+    return (params.temperature, params.top_p, params.top_k)
+
+
+def _hf_generation_config(params: SamplingParams) -> dict[str, Any]:
+    """The generation config `transformers serve` builds its decoding from (merged over the
+    model's own); do_sample is what its temperature field never turns on."""
+    if params.greedy:
+        return {"do_sample": False, "max_new_tokens": params.max_new_tokens}
+    return {
+        "do_sample": True,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "top_k": params.top_k,  # 0 switches the filter off, as in the hf backend
+        "max_new_tokens": params.max_new_tokens,
+    }
+
+
+def _token_logprobs(data: Any, params: SamplingParams) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """Sampled ids and their log-probabilities from a choice's `logprobs`, when every token came
+    back as vLLM's "token_id:N"; both empty otherwise (the caller reports 'unverified')."""
+    if not params.logprobs or not isinstance(data, dict):
+        return (), ()
+    content = data.get("content")
+    if not isinstance(content, list) or not content:
+        return (), ()
+    ids: list[int] = []
+    lps: list[float] = []
+    for entry in content:
+        if not isinstance(entry, dict):
+            return (), ()
+        match = _TOKEN_ID.fullmatch(str(entry.get("token", "")))
+        lp = entry.get("logprob")
+        if match is None or isinstance(lp, bool) or not isinstance(lp, (int, float)):
+            return (), ()
+        ids.append(int(match.group(1)))
+        lps.append(float(lp))
+    return tuple(ids), tuple(lps)
+
+
+def _preset_folder(name: str) -> str:
+    """The folder a preset name ('micro') stands for, '' for other names: a server that loads
+    local folders serves the preset under its path."""
+    from whale_lab.presets import PRESETS, resolve_model_path
+
+    if name not in PRESETS:
+        return ""
+    try:
+        return resolve_model_path(name)
+    except Exception as exc:  # a preset that cannot be built here: the server may still know it
+        log.info("could not resolve preset %r (%s)", name, exc)
+        return ""

@@ -4,6 +4,10 @@ vLLM is an optional, GPU-only extra: this module imports it only when the backen
 missing or unusable install is a `BackendError` that says what to do instead. Weights trained by
 RSFT reach vLLM as a LoRA adapter folder through `load_adapter(path, name)`; each load gets a fresh
 adapter id so vLLM never serves a stale cached copy of an adapter that was saved again.
+
+Token ids come back without the end token (as the `hf` backend returns them), and with
+`SamplingParams.logprobs` each one's log-probability under vLLM's default `raw_logprobs` mode (the
+model's distribution before temperature/top-k/top-p), read from the sampled-token entries.
 """
 
 from __future__ import annotations
@@ -127,6 +131,8 @@ class VLLMBackend:
                 max_tokens=params.max_new_tokens,
                 stop=list(params.stop) or None,
                 seed=None if params.seed is None else params.seed + i,
+                # 0: no alternatives, only the sampled token's own log-probability
+                logprobs=0 if params.logprobs else None,
             )
             for i in range(len(convs))
         ]
@@ -138,20 +144,40 @@ class VLLMBackend:
             add_generation_prompt=True,
         )
         results = []
+        end_ids = self._end_ids()
         for out in outputs:
             comp = out.outputs[0]
             text, hit = cut_at_stop(comp.text, params.stop)
             finish = "length" if comp.finish_reason == "length" and not hit else "stop"
+            ids = [int(t) for t in comp.token_ids]
+            logprobs = _sampled_logprobs(comp, ids) if params.logprobs else []
+            # The end token vLLM reports in token_ids is not text the model wrote: drop it, so
+            # ids (and what training targets) mean the same as with the hf backend.
+            stop_reason = getattr(comp, "stop_reason", None)
+            ends = end_ids | ({stop_reason} if isinstance(stop_reason, int) else set())
+            if comp.finish_reason == "stop" and ids and ids[-1] in ends:
+                ids = ids[:-1]
+                logprobs = logprobs[: len(ids)]
             results.append(
                 Generation(
                     text=text,
                     prompt_tokens=len(out.prompt_token_ids or ()),
-                    completion_tokens=len(comp.token_ids),
+                    completion_tokens=len(ids),
                     finish_reason=finish,
-                    token_ids=tuple(comp.token_ids),
+                    token_ids=tuple(ids),
+                    token_logprobs=tuple(logprobs),
                 )
             )
         return results
+
+    def _end_ids(self) -> set[int]:
+        """The tokenizer's end-of-sequence id(s): what vLLM stops on by itself."""
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        if isinstance(eos, int):
+            return {eos}
+        if isinstance(eos, (list, tuple)):
+            return {int(e) for e in eos if isinstance(e, int)}
+        return set()
 
     def load_adapter(self, path: str | Path, name: str) -> None:
         """Serve the LoRA adapter in `path` from the next generate on (a fresh id: no stale cache)."""
@@ -188,3 +214,20 @@ class VLLMBackend:
                 torch.cuda.empty_cache()
         except ImportError:
             pass
+
+
+def _sampled_logprobs(comp: Any, ids: Sequence[int]) -> list[float]:
+    """Each sampled token's log-probability from a vLLM `CompletionOutput`, or [] when vLLM gave
+    none or in a shape this code does not know (the weight-sync check then says `unverified`)."""
+    entries = getattr(comp, "logprobs", None)
+    if entries is None:
+        return []
+    out: list[float] = []
+    try:
+        for i, tok in enumerate(ids):
+            entry = entries[i]  # {token_id: Logprob} (a list of dicts, or vLLM's FlatLogprobs)
+            value = entry[tok]
+            out.append(float(getattr(value, "logprob", value)))
+    except (IndexError, KeyError, TypeError, ValueError):
+        return []
+    return out

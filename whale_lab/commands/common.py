@@ -1,22 +1,25 @@
 """What the engine-driving commands (run, resume, probe, compare) share.
 
 The exit codes, the rule that a user's mistake is one line on stderr, the progress display that
-follows a run's events, and the driver that runs the engine in a worker thread so that Ctrl-C or
-SIGTERM can ask it to stop at the next safe point (a second Ctrl-C leaves at once). Either way the
-run folder stays resumable with `whale-lab resume RUN`.
+follows a run's events, and the signal handling every headless command shares (`StopSignals`,
+`run_in_worker`, `drive`): the work runs in a worker thread so that Ctrl-C or SIGTERM can ask it
+to stop at the next safe point, the stop is recorded and the run lock released before the process
+exits (130 or 143), and a second Ctrl-C leaves at once. Either way the run folder stays resumable.
 
 Exit codes: 0 done, 1 failed, 2 a user mistake (one line on stderr), 3 stopped with a candidate
-awaiting review, 130 stopped on request.
+awaiting review, 130 stopped on Ctrl-C (SIGINT), 143 stopped on SIGTERM.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from whale_lab.events import (
     CommandReceived,
@@ -40,6 +43,9 @@ if TYPE_CHECKING:
     from whale_lab.engine.engine import Engine
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PENDING, EXIT_STOPPED = 0, 1, 2, 3, 130
+EXIT_TERMINATED = 143  # stopped on SIGTERM
+
+T = TypeVar("T")
 
 
 def user_error_types() -> tuple[type[BaseException], ...]:
@@ -206,69 +212,184 @@ class HeadlessDisplay:
             self._line(f"run {ev.status}{msg}", "bold")
 
 
+class StopSignals:
+    """SIGINT and SIGTERM ask for a stop at the next safe point; a second SIGINT leaves at once.
+
+    Used as a context manager around a whole command, model loading included. `__call__` is a
+    `should_stop`; `watch` hands the request to an engine's command channel. The handlers never
+    raise: on CPython 3.11 an exception (Ctrl-C's KeyboardInterrupt) that interrupts
+    `Thread.join()` marks the thread as finished while it still runs (`_wait_for_tstate_lock`
+    releases the lock the running thread holds), so a driver that caught it went on to
+    interpreter shutdown under an engine thread still inside torch; the interpreter ends such a
+    thread with `pthread_exit`, whose unwinding through torch's C++ frames ends in
+    `std::terminate` ("terminate called without an active exception", exit 134), with the stop
+    never recorded and `engine.lock` left behind.
+    """
+
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console or stderr_console()
+        self.signum = 0  # the first signal received (0: none)
+        self.root: Path | None = None  # the run folder: its lock is released on leaving
+        self.resume_hint = ""  # how to continue ("resume with: ..."), printed on leaving
+        self._watchers: list[Callable[[str], None]] = []
+        self._old: dict[int, Any] = {}
+        self._done = False  # the command has returned
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done = True
+        if not self.signum:
+            self.restore()
+        # Stopping: the handlers stay until the process ends, so that a second Ctrl-C that comes
+        # late exits 130 here rather than as a KeyboardInterrupt in interpreter shutdown.
+
+    def restore(self) -> None:
+        """Put back the handlers that were there before."""
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old.clear()
+
+    def __call__(self) -> bool:
+        return self.signum != 0
+
+    @property
+    def exit_code(self) -> int:
+        """130 after SIGINT, 143 after SIGTERM (128 + the signal, as a shell reports it)."""
+        return EXIT_TERMINATED if self.signum == signal.SIGTERM else EXIT_STOPPED
+
+    def reason(self) -> str:
+        return "SIGTERM" if self.signum == signal.SIGTERM else "Ctrl-C"
+
+    def resume_at(self, root: str | Path, hint: str = "") -> None:
+        """The run folder now in use, and how to continue it (default: `whale-lab resume`)."""
+        self.root = Path(root)
+        self.resume_hint = hint or f"resume with: whale-lab resume {root}"
+
+    @contextlib.contextmanager
+    def watch(self, on_stop: Callable[[str], None]) -> Iterator[None]:
+        """Call `on_stop(reason)` on a stop request while inside (at once if one came already)."""
+        self._watchers.append(on_stop)
+        try:
+            if self.signum:
+                on_stop(self.reason())
+            yield
+        finally:
+            self._watchers.remove(on_stop)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if not self.signum:
+            self.signum = signum
+            self._say(
+                "stopping at the next safe point (Ctrl-C again leaves now; the run folder "
+                "stays resumable)"
+            )
+            for on_stop in list(self._watchers):
+                on_stop(self.reason())
+        elif signum == signal.SIGINT and self._done:  # the stop is recorded: just go
+            _exit_now(self.exit_code)
+        elif signum == signal.SIGINT:
+            leave_now(self.console, self.root, self.resume_hint)
+        # a second SIGTERM: the stop asked for by the first is under way
+
+    def _say(self, text: str) -> None:
+        try:
+            say(self.console, text)
+        except Exception:  # noqa: BLE001 - a handler must not fail over a message
+            pass
+
+
+def run_in_worker(work: Callable[[], T], name: str = "whale-lab-work") -> T:
+    """`work()` in a thread while this thread waits, so that signal handlers run at once.
+
+    The wait ends only when the work has returned (handlers never raise; see `StopSignals`), and
+    the thread is not a daemon, so the interpreter never shuts down under it. The work's
+    exception is raised here.
+    """
+    done = threading.Event()
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = work()
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+            box["error"] = exc
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=target, name=name)
+    worker.start()
+    while not done.wait(0.25):
+        pass
+    worker.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
 def drive(
     engine: Engine,
     commands: CommandChannel,
     console: Console,
     on_interrupt: Callable[[], None] | None = None,
+    *,
+    signals: StopSignals | None = None,
 ) -> str:
-    """Run the engine in a worker thread; Ctrl-C/SIGTERM -> stop at a safe point. Returns
-    "done" (finished by itself), "stopped" (stopped on request) or "left" (second Ctrl-C)."""
-    errors: list[BaseException] = []
+    """Run the engine in a worker thread; SIGINT/SIGTERM -> stop at a safe point. Returns "done"
+    (finished by itself) or "stopped" (stopped on request); a second Ctrl-C leaves the process.
 
-    def target() -> None:
-        try:
-            engine.run()
-        except BaseException as exc:  # noqa: BLE001 - handed to the main thread
-            errors.append(exc)
+    `signals` is the command's own (so a signal during its start-up counts too); without one the
+    handlers are installed here for the run.
+    """
+    own = signals is None
+    sig = signals if signals is not None else StopSignals(console)
+    if sig.root != Path(engine.root):
+        sig.resume_at(engine.root)
 
-    worker = threading.Thread(target=target, name="whale-lab-engine", daemon=True)
-    asked = threading.Event()
+    def ask_stop(reason: str) -> None:
+        commands.send(Command("stop", by="signal" if reason == "SIGTERM" else "keyboard",
+                              reason=reason))
+        if on_interrupt is not None:
+            on_interrupt()
 
-    def ask_stop(reason: str, by: str = "keyboard") -> None:
-        if not asked.is_set():
-            asked.set()
-            commands.send(Command("stop", by=by, reason=reason))
-            console.print(
-                "stopping at the next safe point (Ctrl-C again leaves now; the run "
-                "folder stays resumable)",
-                markup=False,
-                highlight=False,
-            )
-            if on_interrupt is not None:
-                on_interrupt()
+    with contextlib.ExitStack() as stack:
+        if own:
+            stack.enter_context(sig)
+        stack.enter_context(sig.watch(ask_stop))
+        run_in_worker(engine.run, name="whale-lab-engine")
+    return "stopped" if sig() else "done"
 
-    previous: Any = None
-    in_main = threading.current_thread() is threading.main_thread()
-    if in_main:
-        previous = signal.signal(signal.SIGTERM, lambda *_: ask_stop("SIGTERM", "signal"))
-    worker.start()
+
+def leave_now(console: Console, root: str | Path | None, hint: str = "") -> None:
+    """A second Ctrl-C: end the process at once, without waiting for the work.
+
+    `os._exit` skips interpreter shutdown, which would abort under a thread inside torch. The
+    run folder's files are all written atomically, so the run resumes from its last completed
+    step (`hint`, default "resume with: whale-lab resume ROOT"); the folder's lock is released
+    so that the resume can take it.
+    """
     try:
+        if root is not None:
+            from whale_lab.engine import runlock
+
+            runlock.release(Path(root))
+            say(console, f"left without waiting; {hint or f'resume with: whale-lab resume {root}'}")
+        else:
+            say(console, "left without waiting")
+    except BaseException:  # noqa: BLE001, S110 - leaving is what matters now
+        pass
+    _exit_now(EXIT_STOPPED)
+
+
+def _exit_now(code: int) -> None:
+    """Flush what was printed and end the process without interpreter shutdown."""
+    for stream in (sys.stdout, sys.stderr):
         try:
-            while worker.is_alive():
-                worker.join(0.2)
-        except KeyboardInterrupt:
-            ask_stop("Ctrl-C")
-            try:
-                while worker.is_alive():
-                    worker.join(0.2)
-            except KeyboardInterrupt:
-                return "left"
-    finally:
-        if in_main and previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-    if errors:
-        raise errors[0]
-    return "stopped" if asked.is_set() else "done"
-
-
-def leave_now(console: Console, root: str | Path) -> None:
-    """A second Ctrl-C: end the process at once. The engine thread may be inside torch, where
-    interpreter shutdown would abort; every file in the run folder is written atomically, so
-    the run resumes from its last completed step."""
-    import os
-
-    say(console, f"left without waiting; resume with: whale-lab resume {root}")
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(EXIT_STOPPED)
+            stream.flush()
+        except BaseException:  # noqa: BLE001, S110 - a closed or busy stream
+            pass
+    os._exit(code)

@@ -3,7 +3,8 @@
 The comparison itself (run folders, skipping completed runs, the report) is
 `whale_lab.engine.compare.compare_runs`; this drives each run with a progress display labelled
 `[n/total schedule seed s]` and turns the outcome into an exit code: 0 done, 1 some run failed,
-2 a bad request, 130 stopped (running the same command again resumes).
+2 a bad request, 130 or 143 stopped by SIGINT or SIGTERM at a safe point of the run in progress,
+which records the stop (running the same command again resumes); a second Ctrl-C leaves at once.
 """
 
 from __future__ import annotations
@@ -16,11 +17,10 @@ from typing import TYPE_CHECKING
 from whale_lab.commands.common import (
     EXIT_FAILED,
     EXIT_OK,
-    EXIT_STOPPED,
     EXIT_USAGE,
     HeadlessDisplay,
+    StopSignals,
     drive,
-    leave_now,
     say,
     stderr_console,
     user_error_types,
@@ -59,11 +59,12 @@ def run_compare(
     import sys
 
     console = stderr_console()
-    try:
-        return _compare(cfg, schedules, seeds, out_dir, console)
-    except user_error_types() as exc:
-        print(f"whale-lab: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    with StopSignals(console) as signals:
+        try:
+            return _compare(cfg, schedules, seeds, out_dir, console, signals)
+        except user_error_types() as exc:
+            print(f"whale-lab: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
 
 
 def _compare(
@@ -72,24 +73,26 @@ def _compare(
     seeds: Sequence[int],
     out_dir: str | Path,
     console: Console,
+    signals: StopSignals,
 ) -> int:
     from whale_lab.quiet import quiet_libraries
 
     def drive_run(engine: Engine, commands: CommandChannel, store: RunStore, label: str) -> str:
+        if signals():  # stopped between two runs: start no other
+            return "stopped"
+        signals.resume_at(engine.root, f"run the same compare command again ({out_dir})")
         with HeadlessDisplay(console, prefix=label) as display:
             store.subscribe(display)
-            return drive(engine, commands, console)
+            return drive(engine, commands, console, signals=signals)
 
     def log(text: str) -> None:
         console.print(text, markup=False, highlight=False)
 
     quiet_libraries()
     outcome = compare_runs(cfg, schedules, seeds, out_dir, drive_run=drive_run, log=log)
-    if outcome.status == "left" and outcome.folder is not None:
-        leave_now(console, outcome.folder)
     if outcome.status != "done":
         say(console, f"stopped; run the same compare command again to resume ({outcome.folder})")
-        return EXIT_STOPPED
+        return signals.exit_code
     if outcome.summary is not None:
         say(console, outcome.summary.read_text(encoding="utf-8"))
         say(console, f"report: {outcome.summary}")

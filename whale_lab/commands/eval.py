@@ -2,7 +2,9 @@
 
 Scoring is the run's `Evaluator` (sandbox, context limit and wave size from the config); each
 episode's trace goes through an `EpisodeSink` into `traces/eval-<split>.jsonl` of a new run
-folder, next to `eval.json` with the result.
+folder, next to `eval.json` with the result. Ctrl-C or SIGTERM stops between turns: the episodes
+finished so far stay in the traces, the stop is recorded as a `run_finished` event, no `eval.json`
+is written (a partial score would read as a result), and the exit code is 130 or 143.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from whale_lab.commands.common import StopSignals, run_in_worker
 from whale_lab.config import Config
+from whale_lab.events import RunFinished
 from whale_lab.trace import EpisodeTrace
 
 
@@ -26,9 +30,26 @@ def run_eval(
     limit: int | None = None,
     progress: bool = True,
 ) -> int:
-    """Score `harness` (default: the domain's) on `split`, keep the traces; 0, or 2 when the
-    harness file is missing."""
+    """Score `harness` (default: the domain's) on `split`, keep the traces; 0, 2 when the
+    harness file is missing, 130/143 when stopped by SIGINT/SIGTERM."""
     from rich.console import Console
+
+    console = Console(stderr=True)
+    with StopSignals(console) as signals:
+        return _eval(cfg, harness, split, k, as_json, limit, progress, console, signals)
+
+
+def _eval(
+    cfg: Config,
+    harness: str | None,
+    split: str,
+    k: int | None,
+    as_json: bool,
+    limit: int | None,
+    progress: bool,
+    console: Any,
+    signals: StopSignals,
+) -> int:
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -45,7 +66,6 @@ def run_eval(
     from whale_lab.store import RunStore, atomic_write_json
 
     quiet_libraries()
-    console = Console(stderr=True)
     k = k or cfg.sampling.k
     harness_path = Path(harness) if harness else default_harness_path(cfg)
     if not harness_path.exists():
@@ -57,6 +77,7 @@ def run_eval(
         tasks = tasks[:limit]
     backend = make_backend(cfg)
     store = RunStore.create(cfg.run.directory, f"eval-{cfg.domain.name}-{split}")
+    signals.resume_at(store.root, f"run the same eval again (episodes so far: {store.root})")
     sink = EpisodeSink.for_store(
         store, None, f"eval-{split}", phase="eval", harness=harness_path.name
     )
@@ -79,12 +100,31 @@ def run_eval(
             bar.advance(job)
 
         try:
-            report = Evaluator.from_config(cfg, backend, domain).score(
-                harness_path, tasks, k, sampling_params(cfg, cfg.run.seed), on_episode=on_episode
+            report = run_in_worker(
+                lambda: Evaluator.from_config(cfg, backend, domain).score(
+                    harness_path,
+                    tasks,
+                    k,
+                    sampling_params(cfg, cfg.run.seed),
+                    on_episode=on_episode,
+                    should_stop=signals,
+                )
             )
         finally:
             backend.close()
             domain.close()
+    if signals() and report.rollouts < total:  # a stop that came after the last episode is none
+        done = f"{report.rollouts} of {total} episodes"
+        store.emit(RunFinished(status="stopped", message=f"eval stopped after {done}"))
+        store.close()
+        console.print(
+            f"eval stopped after {done}; run the same eval again (episodes so far: "
+            f"{store.root})",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+        return signals.exit_code
     result = {
         "domain": cfg.domain.name,
         "split": split,

@@ -2,19 +2,23 @@
 
 On a run folder (its current weights and accepted harness), or on a new run from the config (base
 weights, h0). The probe itself is the engine's (`Engine.probe_now`); this prints its table.
+Ctrl-C or SIGTERM abandons the probe at its next safe point (recorded as a stopped run; exit 130 or
+143), a second Ctrl-C leaves at once.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from whale_lab.commands.common import (
     EXIT_OK,
-    EXIT_STOPPED,
     HeadlessDisplay,
+    StopSignals,
     guard,
+    run_in_worker,
     say,
     stderr_console,
 )
@@ -22,14 +26,21 @@ from whale_lab.config import Config
 from whale_lab.engine.headless import headless_config
 from whale_lab.events import ProbeResult
 from whale_lab.reviewers import AutoReviewer
-from whale_lab.seams import CommandChannel
+from whale_lab.seams import Command, CommandChannel
 
 if TYPE_CHECKING:
     from rich.console import Console
 
 
-def run_probe(cfg: Config, run_dir: str | Path | None = None, keep: bool | str = False) -> int:
-    """Probe `run_dir` (or a new run); returns 0 when the probe finished, 130 when it did not.
+def run_probe(
+    cfg: Config,
+    run_dir: str | Path | None = None,
+    keep: bool | str = False,
+    *,
+    as_json: bool = False,
+) -> int:
+    """Probe `run_dir` (or a new run); returns 0 when the probe finished, 130/143 when SIGINT or
+    SIGTERM stopped it.
 
     `keep` False leaves the run as it was; True keeps the side that gained more (if it gained);
     "weights", "harness" or "both" keep those.
@@ -45,23 +56,53 @@ def run_probe(cfg: Config, run_dir: str | Path | None = None, keep: bool | str =
         if mode not in KEEP_MODES:
             raise EngineError(f"--keep: expected one of {', '.join(KEEP_MODES)}, got {keep!r}")
         quiet_libraries()
+        commands = CommandChannel()
         engine, store = open_engine(
-            headless_config(cfg), run_dir, reviewer=AutoReviewer(), commands=CommandChannel()
+            headless_config(cfg), run_dir, reviewer=AutoReviewer(), commands=commands
         )
+        signals.resume_at(store.root, f"probe again with: whale-lab probe --run {store.root}")
+
+        def stop(reason: str) -> None:
+            commands.send(Command("stop", by="signal", reason=reason))
+
         try:
-            with HeadlessDisplay(console) as display:
+            settings = dataclasses.replace(engine.probe_settings, keep=mode)
+            with HeadlessDisplay(console) as display, signals.watch(stop):
                 store.subscribe(display)
-                result = engine.probe_now(dataclasses.replace(engine.probe_settings, keep=mode))
+                result = run_in_worker(lambda: engine.probe_now(settings))
             if result is None:
-                console.print("the probe did not finish", markup=False)
-                return EXIT_STOPPED
+                say(console, f"the probe did not finish; {signals.resume_hint}")
+                return signals.exit_code
+            if as_json:
+                print(json.dumps(_probe_json(result, store.root), indent=2))
+                return EXIT_OK
             _print_probe(console, result)
             say(console, f"run folder: {store.root}")
             return EXIT_OK
         finally:
             store.close()
 
-    return guard(go)
+    with StopSignals(console) as signals:
+        return guard(go)
+
+
+def _interval_text(interval: Any) -> str:
+    if not interval:
+        return "-"
+    return f"[{interval[0]:+.4f}, {interval[1]:+.4f}]"
+
+
+def _probe_json(result: ProbeResult, root: Path) -> dict[str, Any]:
+    """What a script needs: the verdict, and per side its gain, interval and verdict."""
+    return {
+        "verdict": result.verdict,
+        "recommendation": result.recommendation,
+        "harness": result.sides.get("harness", {}),
+        "weights": result.sides.get("weights", {}),
+        "val_before": result.diagnostics.get("val_mean_at_k_before"),
+        "evidence": list(result.evidence),
+        "run_dir": str(root),
+    }
 
 
 def _print_probe(console: Console, result: ProbeResult) -> None:
@@ -73,20 +114,24 @@ def _print_probe(console: Console, result: ProbeResult) -> None:
     table.add_column("val mean@k after", justify="right")
     table.add_column("rollouts", justify="right")
     table.add_column("gain per 1,000 rollouts", justify="right")
+    table.add_column("95% interval (paired)", justify="right")
+    table.add_column("verdict")
     before = d.get("val_mean_at_k_before", 0.0)
     table.add_row("now", f"{before:.3f}", "", "")
-    for side, key, rollouts, gain in (
+    for side, key, rollouts, gain, name in (
         (
             "harness probe",
             "val_mean_at_k_after_harness_probe",
             "harness_probe_rollouts",
             result.harness_gain_per_1k,
+            "harness",
         ),
         (
             "weight probe",
             "val_mean_at_k_after_weight_probe",
             "weight_probe_rollouts",
             result.weight_gain_per_1k,
+            "weights",
         ),
     ):
         after = d.get(key)
@@ -95,6 +140,8 @@ def _print_probe(console: Console, result: ProbeResult) -> None:
             "-" if after is None else f"{after:.3f}",
             f"{int(d.get(rollouts, 0)):,}",
             f"{gain:+.4f}",
+            _interval_text(result.sides.get(name, {}).get("interval")),
+            str(result.sides.get(name, {}).get("verdict", "")),
         )
     console.print(table)
     say(console, result.recommendation)

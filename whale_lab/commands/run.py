@@ -2,8 +2,9 @@
 
 The configured schedule runs with a progress display and the approval mode
 `approval.headless_mode` (auto by default: nobody is there to review). Ctrl-C (or SIGTERM) asks
-the engine to stop at the next safe point, a second Ctrl-C leaves at once; either way the run
-folder stays resumable with `whale-lab resume RUN`. Exit codes: see `commands.common`.
+the engine to stop at the next safe point, where it records the stop and releases the run's lock
+(exit 130, or 143 for SIGTERM); a second Ctrl-C leaves at once. Either way the run folder stays
+resumable with `whale-lab resume RUN`. Exit codes: see `commands.common`.
 """
 
 from __future__ import annotations
@@ -16,11 +17,10 @@ from whale_lab.commands.common import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_PENDING,
-    EXIT_STOPPED,
     HeadlessDisplay,
+    StopSignals,
     drive,
     guard,
-    leave_now,
     say,
     stderr_console,
 )
@@ -38,7 +38,8 @@ if TYPE_CHECKING:
 def run_headless(cfg: Config, run_dir: str | Path | None = None) -> int:
     """`whale-lab run --headless`: the configured schedule, a new run (or `run_dir` resumed)."""
     console = stderr_console()
-    return guard(lambda: _run_engine(headless_config(cfg), run_dir, console))
+    with StopSignals(console) as signals:
+        return guard(lambda: _run_engine(headless_config(cfg), run_dir, console, signals))
 
 
 def run_resume(run_dir: str | Path) -> int:
@@ -47,7 +48,12 @@ def run_resume(run_dir: str | Path) -> int:
     from whale_lab.engine.engine import load_run_config
 
     console = stderr_console()
-    return guard(lambda: _run_engine(headless_config(load_run_config(run_dir)), run_dir, console))
+    with StopSignals(console) as signals:
+        return guard(
+            lambda: _run_engine(
+                headless_config(load_run_config(run_dir)), run_dir, console, signals
+            )
+        )
 
 
 def _reviewer_for(cfg: Config) -> Reviewer:
@@ -66,20 +72,20 @@ def _reviewer_for(cfg: Config) -> Reviewer:
     return TerminalReviewer()
 
 
-def _exit_code(engine: Engine, how: str) -> int:
+def _exit_code(engine: Engine, signals: StopSignals) -> int:
     status = engine.state.status
-    if how == "left":
-        return EXIT_STOPPED
     if status == "completed":
         return EXIT_OK
     if status == "failed":
         return EXIT_FAILED
     if "awaits review" in str(engine.state.message):
         return EXIT_PENDING
-    return EXIT_STOPPED
+    return signals.exit_code
 
 
-def _run_engine(cfg: Config, run_dir: str | Path | None, console: Console) -> int:
+def _run_engine(
+    cfg: Config, run_dir: str | Path | None, console: Console, signals: StopSignals
+) -> int:
     from whale_lab.engine.engine import open_engine
     from whale_lab.quiet import quiet_libraries
 
@@ -92,15 +98,14 @@ def _run_engine(cfg: Config, run_dir: str | Path | None, console: Console) -> in
             console.print(f"{store.root} has already completed.", markup=False, highlight=False)
             print_result(console, store.root)
             return EXIT_OK
+        signals.resume_at(store.root)
         with HeadlessDisplay(console) as display:
             store.subscribe(display)
-            how = drive(engine, commands, console)
-        if how == "left":
-            leave_now(console, store.root)
-        code = _exit_code(engine, how)
+            drive(engine, commands, console, signals=signals)
+        code = _exit_code(engine, signals)
         if code == EXIT_OK:
             print_result(console, store.root)
-        elif code in (EXIT_PENDING, EXIT_STOPPED):
+        elif code != EXIT_FAILED:
             say(console, f"resume with: whale-lab resume {store.root}")
         return code
     finally:

@@ -2,8 +2,9 @@
 
 The whole harness budget (`harness_search.iterations`) runs as one phase on the frozen
 model. Progress is printed as the phase goes; in `manual` approval mode each valid candidate is
-shown as a diff with its hypothesis and the terminal asks for a decision. Killed or left pending,
-it resumes with `whale-lab search --resume RUN_DIR`.
+shown as a diff with its hypothesis and the terminal asks for a decision. Ctrl-C or SIGTERM stops
+at the next safe point (recorded; exit 130 or 143), a second Ctrl-C leaves at once. Stopped,
+killed or left pending, it resumes with `whale-lab search --resume RUN_DIR`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,15 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from whale_lab.commands.common import EXIT_FAILED, EXIT_OK, EXIT_PENDING, EXIT_STOPPED
+from whale_lab.commands.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_PENDING,
+    EXIT_STOPPED,
+    StopSignals,
+    run_in_worker,
+    stderr_console,
+)
 from whale_lab.config import Config, ConfigError, config_from_dict
 from whale_lab.events import (
     CandidateProposed,
@@ -136,11 +145,25 @@ def run_search(
     backend: Any = None,
     out: TextIO | None = None,
 ) -> int:
-    """Harness-only search; returns 0 done, 3 left pending a review, 130 interrupted, 1 failed.
+    """Harness-only search; returns 0 done, 3 left pending a review, 130/143 stopped by
+    SIGINT/SIGTERM, 1 failed.
 
     `reviewer` and `backend` let an embedding program (or a test) supply its own; by default the
     terminal reviews in manual mode and the backend is built from the config.
     """
+    with StopSignals(stderr_console()) as signals:
+        return _search(cfg, run_dir, resume, reviewer, backend, out, signals)
+
+
+def _search(
+    cfg: Config,
+    run_dir: str | None,
+    resume: bool,
+    reviewer: Any,
+    backend: Any,
+    out: TextIO | None,
+    signals: StopSignals,
+) -> int:
     from whale_lab.backends import make_backend
     from whale_lab.context import RunContext
     from whale_lab.domains import make_domain
@@ -156,6 +179,7 @@ def run_search(
         if not incoming.is_file():
             raise ConfigError(f"domain.harness: harness file {incoming} not found")
     store, cfg, resumed = _open_store(cfg, run_dir, resume)
+    signals.resume_at(store.root, f"resume with: whale-lab search --resume {store.root}")
     domain: Any = None
     own_backend = backend is None
     try:
@@ -207,7 +231,9 @@ def run_search(
             )
         )
         try:
-            result = phase.run(incoming, iterations=iterations)
+            result = run_in_worker(
+                lambda: phase.run(incoming, iterations=iterations, should_stop=signals)
+            )
         except KeyboardInterrupt:
             store.emit(RunFinished(status="stopped", message="interrupted"))
             out.write(f"\ninterrupted; resume with: whale-lab search --resume {store.root}\n")
@@ -216,6 +242,16 @@ def run_search(
             store.emit(RunFinished(status="failed", message=str(exc)))
             out.write(f"whale-lab search: error: {exc}\n")
             return EXIT_FAILED
+        if result.status == "stopped":
+            store.emit(
+                RunFinished(
+                    status="stopped",
+                    message=f"stopped at a safe point ({signals.reason()}) after "
+                    f"{result.iterations_done} iterations",
+                )
+            )
+            out.write(f"stopped; resume with: whale-lab search --resume {store.root}\n")
+            return signals.exit_code
         store.emit(
             PhaseEnded(
                 cycle=1,

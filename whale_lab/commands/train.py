@@ -1,21 +1,20 @@
 """`whale-lab train`: weight-only RSFT for the whole budget (`rsft.epochs`) under one fixed harness.
 
 The run folder holds the config, a copy of the harness (so the harness stays fixed even if the
-file is edited), the events, the traces and the weights. A run stopped with Ctrl-C or killed
-outright resumes from its last completed step with `whale-lab train --resume RUN_DIR`.
+file is edited), the events, the traces and the weights. Ctrl-C or SIGTERM stops at the next
+completed step (recorded; exit 130 or 143), a second Ctrl-C leaves at once; a run stopped either
+way or killed outright resumes from its last completed step with `whale-lab train --resume RUN_DIR`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import shutil
-import signal
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from whale_lab.commands.common import EXIT_OK, EXIT_STOPPED, EXIT_USAGE
+from whale_lab.commands.common import EXIT_OK, EXIT_USAGE, StopSignals, run_in_worker
 from whale_lab.config import Config, ConfigError, config_from_dict
 from whale_lab.events import (
     EvalResult,
@@ -61,7 +60,8 @@ def run_train(
     *,
     adapter: str | Path | None = None,
 ) -> int:
-    """Train; 0 when the budget is done, 130 when stopped (resumable), 2 on a user's mistake.
+    """Train; 0 when the budget is done, 130/143 when stopped by SIGINT/SIGTERM (resumable), 2 on
+    a user's mistake.
 
     `run_dir`: with `resume`, the run to resume (default: the newest train run under
     `run.directory`); without, the folder to create the run in (default: a new one there).
@@ -70,11 +70,12 @@ def run_train(
     from rich.console import Console
 
     console = Console(stderr=True, highlight=False)
-    try:
-        return _train(cfg, run_dir, resume, progress, adapter, console)
-    except _user_errors() as exc:
-        console.print(f"whale-lab train: error: {exc}", markup=False, soft_wrap=True)
-        return EXIT_USAGE
+    with StopSignals(console) as signals:
+        try:
+            return _train(cfg, run_dir, resume, progress, adapter, console, signals)
+        except _user_errors() as exc:
+            console.print(f"whale-lab train: error: {exc}", markup=False, soft_wrap=True)
+            return EXIT_USAGE
 
 
 def _newest_train_run(directory: str | Path) -> Path:
@@ -137,32 +138,6 @@ def _prepare_run(
     )
     atomic_write_json(store.root / "config.json", cfg.to_dict())
     return cfg, store, harness
-
-
-class _StopFlag:
-    """Ctrl-C / SIGTERM ask for a stop at the next safe point; a second Ctrl-C interrupts now."""
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self._old: dict[int, Any] = {}
-
-    def __enter__(self) -> _StopFlag:
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.event.is_set() and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.event.set()
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-
-    def __call__(self) -> bool:
-        return self.event.is_set()
 
 
 class _Display:
@@ -235,6 +210,7 @@ def _train(
     progress: bool,
     adapter: str | Path | None,
     console: Any,
+    stop: StopSignals,
 ) -> int:
     from whale_lab.context import RunContext
     from whale_lab.domains import make_domain
@@ -243,6 +219,7 @@ def _train(
 
     quiet_libraries()
     cfg, store, harness = _prepare_run(cfg, run_dir, resume, console)
+    stop.resume_at(store.root, f"resume with: whale-lab train --resume {store.root}")
     if resume and store.read_state().get("status") == "completed":
         console.print(
             f"{store.root}: this train run is already complete", markup=False, soft_wrap=True
@@ -293,19 +270,23 @@ def _train(
         # final evaluation; starting a new phase would train a second budget.
         finished = resumed and not phase.phase_active and phase.step > 0
         done = phase.step if (phase.phase_active or finished) else 0
-        with _StopFlag() as stop, _Display(console, progress, total, done) as display:
+        with _Display(console, progress, total, done) as display:
             listeners.append(display)
             if finished:
                 stopped = False
                 if not phase.evals or phase.evals[-1].step != phase.step:
-                    stopped = phase.evaluate(harness, should_stop=stop) is None
+                    stopped = run_in_worker(
+                        lambda: phase.evaluate(harness, should_stop=stop) is None
+                    )
             else:
-                result = phase.run(
-                    harness,
-                    epochs=cfg.rsft.epochs,
-                    should_stop=stop,
-                    eval_at_start=True,
-                    final_eval=True,
+                result = run_in_worker(
+                    lambda: phase.run(
+                        harness,
+                        epochs=cfg.rsft.epochs,
+                        should_stop=stop,
+                        eval_at_start=True,
+                        final_eval=True,
+                    )
                 )
                 stopped = result.reason == "stop"
         emit(
@@ -340,7 +321,7 @@ def _train(
                 markup=False,
                 soft_wrap=True,
             )
-            return EXIT_STOPPED
+            return stop.exit_code
         _print_summary(evals, state)
         print(f"run: {store.root}")
         return EXIT_OK

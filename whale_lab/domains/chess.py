@@ -9,6 +9,11 @@ the illegal-move budget); reward 1 only when the whole line is played (`solved`)
 output never reaches the environment: `normalise_action` makes it `invalid` and the rollout loop
 charges the format budget.
 
+WHALE's rule that a harness may present and parse but never choose is enforced here too, on the
+reply the model actually wrote: `ChessEnv.check_reply` refuses a parsed move that the reply does not
+name (as UCI or SAN), and the rollout loop records that turn as a `harness_chose_move` format
+failure.
+
 The observation is plain text in the layout the WHALE chess harness contract expects: side to move,
 FEN, an ASCII board, the opponent's last move, the moves accepted so far, and the legal moves as
 lines like ``- [e2e4] SAN=e4``.
@@ -25,9 +30,11 @@ from typing import TYPE_CHECKING, Any
 
 import chess
 
+from whale_lab.config import split_seed
 from whale_lab.domains.base import SPLITS, Action, Domain, Env, Split, StepOutcome, Task
 from whale_lab.domains.chess_puzzles import Puzzle, line_problem, load_builtin_puzzles
 from whale_lab.domains.errors import DataError
+from whale_lab.domains.loaders import fit_split_sizes
 
 if TYPE_CHECKING:
     from whale_lab.config import Config
@@ -41,6 +48,8 @@ _SENTINEL_REASONS = {
     AMBIGUOUS: "the reply names more than one move; answer with exactly one UCI move",
 }
 _UCI = re.compile(r"^[a-h][1-8][a-h][1-8][qrbn]?$")
+# The feedback kind of a turn whose parsed move the model's reply does not name.
+HARNESS_CHOSE_MOVE = "harness_chose_move"
 _FULL_SCAN_LIMIT = 100_000  # replay every row of files up to this size; larger: only used rows
 
 
@@ -223,6 +232,28 @@ class ChessEnv(Env):
             "last_opponent_move": self.last_opponent_move,
         }
 
+    def check_reply(self, action: Action, response: str) -> tuple[str, str, str] | None:
+        """Refuse a parsed move the model's reply does not name: (kind, reason, shown), else None.
+
+        The harness may present the position and parse the reply, never choose the move, so the
+        check reads the model's own text here, engine side. `reason` (for the trace) names the move
+        the parser returned; `shown` (for the model) does not, so a parser cannot pass its choice
+        to the model through the feedback.
+        """
+        if action.kind != "move":
+            return None
+        uci = re.sub(r"\s+", "", action.value).lower()
+        if uci in moves_named(self.board, response):
+            return None
+        shown = str(response).strip()
+        quoted = repr(shown[:37] + "...") if len(shown) > 40 else repr(shown)
+        reason = (
+            f"the harness chose the move: parse_action returned {uci!r} but the model's reply "
+            f"({quoted}) does not name it as UCI or SAN; a harness may parse the model's move, "
+            "never choose one"
+        )
+        return HARNESS_CHOSE_MOVE, reason, _SENTINEL_REASONS[NO_MOVE]
+
     def step(self, action: Action) -> StepOutcome:
         if self.done:
             raise RuntimeError(f"puzzle {self.task_id}: step() after the episode ended")
@@ -326,31 +357,72 @@ def normalise_move_text(text: str) -> Action:
     return Action(kind="move", value=cleaned)
 
 
+# ------------------------------------------------------------------ the model's own move
+
+_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9=+#:-]*")
+# UCI or long algebraic, any legality: e2e4, E2E4, e2-e4, e4xd5, Ng1-f3, e7e8q, e7e8=Q
+_LONG = re.compile(r"[KQRBNP]?([a-h][1-8])[-x:]?([a-h][1-8])=?([qrbn])?", re.IGNORECASE)
+_CASTLING = re.compile(r"[0O](?:-[0O]){1,2}", re.IGNORECASE)
+
+
+def _san_forms(san: str) -> set[str]:
+    """How a reply may write one SAN move: as is, or without the check mark, the '=' or the 'x'."""
+    base = san.rstrip("+#")
+    forms = {base, base.replace("=", "")}
+    return forms | {f.replace("x", "") for f in forms}
+
+
+def moves_named(board: chess.Board, text: str) -> set[str]:
+    """The moves (UCI) that `text` names: any UCI or long-algebraic token, and the SAN of any
+    legal move in `board`.
+
+    Matching ignores case, except that a SAN written in the exact case of a legal move names
+    only that move (in a position with both, Bxc3 is the bishop's capture and bxc3 the pawn's).
+    """
+    exact: dict[str, set[str]] = {}
+    folded: dict[str, set[str]] = {}
+    for move in board.legal_moves:
+        uci = move.uci()
+        for form in _san_forms(board.san(move)):
+            exact.setdefault(form, set()).add(uci)
+            folded.setdefault(form.lower(), set()).add(uci)
+    named: set[str] = set()
+    for raw in _TOKEN.findall(str(text or "")):
+        token = raw.rstrip("+#=:-")
+        if _CASTLING.fullmatch(token):
+            token = token.upper().replace("0", "O")
+        long = _LONG.fullmatch(token)
+        if long:
+            named.add("".join(g or "" for g in long.groups()).lower())
+        if token in exact:
+            named |= exact[token]
+        else:
+            named |= folded.get(token.lower(), set())
+    return named
+
+
 # ------------------------------------------------------------------ domain
 
 
-def _allocate(available: int, requested: Mapping[str, int]) -> tuple[dict[str, int], str]:
-    """Split sizes capped at what is available: proportional shrink, each split kept non-empty
-    while there are enough puzzles. Returns the sizes and a note (empty when nothing shrank)."""
-    total = sum(requested.values())
-    if total <= available:
-        return dict(requested), ""
-    raw = {k: v * available / total for k, v in requested.items()}
-    sizes = {k: int(v) for k, v in raw.items()}
-    left = available - sum(sizes.values())
-    for k in sorted(raw, key=lambda k: raw[k] - sizes[k], reverse=True)[:left]:
-        sizes[k] += 1
-    if available >= len(sizes):
-        for k in sizes:
-            while sizes[k] == 0:
-                donor = max(sizes, key=lambda d: sizes[d])
-                sizes[donor] -= 1
-                sizes[k] += 1
-    asked = ", ".join(f"{k}={requested[k]}" for k in SPLITS)
-    got = ", ".join(f"{k}={sizes[k]}" for k in SPLITS)
-    return sizes, (
-        f"only {available} puzzles available for {total} requested ({asked}); using {got}"
+def _allocate(
+    available: int, requested: Mapping[str, int], source: str
+) -> tuple[dict[str, int], str]:
+    """Split sizes by the rule every domain uses for too-small data (`loaders.fit_split_sizes`):
+    test, val and harness in full or a DataError; weight takes what is left, with a warning."""
+    have = (
+        f"the built-in puzzle set has {available} puzzles"
+        if source == "builtin"
+        else f"{source}: {available} puzzles"
     )
+    return fit_split_sizes(available, requested, have, "chess")
+
+
+def _replay(p: Puzzle) -> None:
+    """A DataError naming the file and line when the puzzle's line does not hold."""
+    problem = line_problem(p.fen, p.moves)
+    if problem:
+        where = f"{p.source}:{p.line}" if p.line else p.source
+        raise DataError(f"{where}: puzzle {p.id}: {problem}")
 
 
 class ChessDomain(Domain):
@@ -384,10 +456,15 @@ class ChessDomain(Domain):
         self.notes: list[str] = []
         order = sorted(ids)
         random.Random(f"whale-lab-chess-splits:{seed}").shuffle(order)
-        self.sizes, note = _allocate(len(order), self.requested)
+        try:
+            self.sizes, note = _allocate(len(order), self.requested, source)
+        except DataError:
+            if replay_selected:  # a broken row is the first thing to fix: name it before the count
+                for p in ids.values():
+                    _replay(p)
+            raise
         if note:
-            self.notes.append(note)
-            log.warning("chess: %s", note)
+            self.notes.append(note)  # printed as a warning by fit_split_sizes
         self._splits: dict[str, list[Task]] = {}
         start = 0
         # test first, so the test split depends only on the seed and its own size
@@ -396,10 +473,7 @@ class ChessDomain(Domain):
             start += self.sizes[split]
             if replay_selected:
                 for p in chosen:
-                    problem = line_problem(p.fen, p.moves)
-                    if problem:
-                        where = f"{p.source}:{p.line}" if p.line else p.source
-                        raise DataError(f"{where}: puzzle {p.id}: {problem}")
+                    _replay(p)
             self._splits[split] = [self._task(p) for p in chosen]
 
     @classmethod
@@ -411,7 +485,7 @@ class ChessDomain(Domain):
         sizes = {k: getattr(cfg.domain.splits, k) for k in SPLITS}
         source = cfg.domain.source.strip()
         if source in ("", "builtin"):
-            return cls(load_builtin_puzzles(), seed=cfg.run.seed, sizes=sizes, source="builtin")
+            return cls(load_builtin_puzzles(), seed=split_seed(cfg), sizes=sizes, source="builtin")
         path = Path(source).expanduser()
         if not path.exists():
             raise DataError(
@@ -419,14 +493,14 @@ class ChessDomain(Domain):
                 f"path of a Lichess puzzle CSV)"
             )
         if path.name.lower().endswith(".jsonl"):
-            return cls(read_puzzles_jsonl(path), seed=cfg.run.seed, sizes=sizes, source=str(path))
+            return cls(read_puzzles_jsonl(path), seed=split_seed(cfg), sizes=sizes, source=str(path))
         # Replay every row of a modest file; index a big one cheaply and replay what is used.
         puzzles = load_lichess_csv(path, replay=False)
         full = len(puzzles) <= _FULL_SCAN_LIMIT
         if full:
             puzzles = load_lichess_csv(path, replay=True)
         domain = cls(
-            puzzles, seed=cfg.run.seed, sizes=sizes, source=str(path), replay_selected=not full
+            puzzles, seed=split_seed(cfg), sizes=sizes, source=str(path), replay_selected=not full
         )
         if not full:
             domain.notes.append(

@@ -158,11 +158,23 @@ def write_puzzles_jsonl(puzzles: Iterable[Puzzle], path: str | Path) -> None:
 
 
 def read_puzzles_jsonl(path: str | Path, *, replay: bool = True) -> list[Puzzle]:
-    """Read puzzles written by `write_puzzles_jsonl`; a bad line is a DataError naming it."""
+    """Read puzzles written by `write_puzzles_jsonl`; a bad line is a DataError naming it.
+
+    The file may start with a UTF-8 byte-order mark; a file that is not UTF-8 is a DataError too.
+    """
     p = Path(path)
+    if not p.is_file():
+        raise DataError(f"{p}: {'not a file' if p.exists() else 'file not found'}")
+    try:
+        return _read_puzzle_lines(p, replay)
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+def _read_puzzle_lines(p: Path, replay: bool) -> list[Puzzle]:
     out: list[Puzzle] = []
     seen: dict[str, int] = {}
-    with p.open(encoding="utf-8") as fh:
+    with p.open(encoding="utf-8-sig") as fh:
         for lineno, text in enumerate(fh, start=1):
             if not text.strip():
                 continue
@@ -171,6 +183,8 @@ def read_puzzles_jsonl(path: str | Path, *, replay: bool = True) -> list[Puzzle]
                 d = json.loads(text)
             except json.JSONDecodeError as exc:
                 raise DataError(f"{where}: not valid JSON: {exc}") from None
+            except RecursionError:
+                raise DataError(f"{where}: JSON nested too deeply") from None
             if not isinstance(d, dict):
                 raise DataError(f"{where}: expected a JSON object, got {type(d).__name__}")
             missing = [k for k in ("id", "fen", "moves") if k not in d]
@@ -191,6 +205,8 @@ def read_puzzles_jsonl(path: str | Path, *, replay: bool = True) -> list[Puzzle]
             themes = d.get("themes") or []
             if isinstance(themes, str):
                 themes = themes.split()
+            if not isinstance(themes, list) or not isinstance(d.get("extra") or {}, dict):
+                raise DataError(f"{where}: 'themes' must be a list and 'extra' an object")
             moves_t = tuple(m.strip().lower() for m in moves)
             if replay:
                 problem = line_problem(str(d["fen"]), moves_t)

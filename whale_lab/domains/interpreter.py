@@ -4,6 +4,11 @@ Model code is untrusted and often wrong, so it runs in a fresh interpreter in it
 (killed as a group), in an empty temporary folder, with a wall-time limit, an address-space limit
 (RLIMIT_AS), a CPU-time limit, and a file-size limit that also caps how much it can print. The
 engine never waits longer than the wall limit and never holds more output than the cap.
+
+Where the machine allows it the process is also confined by the operating system
+(`whale_lab.confine`): no network, its own PID namespace, a read-only view of the interpreter and
+its standard library only (so no whale_lab, no data, no run folder), a private /tmp. The
+interpreter runs without site-packages and writes no bytecode in either case.
 """
 
 from __future__ import annotations
@@ -15,6 +20,11 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from whale_lab import confine
+
+# Where the model's code file appears inside a confined view.
+CODE_PATH = "/code/main.py"
 
 # Runs inside the child: set limits, then execute the user's code as __main__ with a clean
 # traceback (no frames of this wrapper) and the source visible in it.
@@ -56,6 +66,8 @@ class InterpreterLimits:
     timeout_s: float = 5.0
     memory_mb: int = 512
     max_output_chars: int = 2000
+    # Run with resource limits only where bwrap cannot confine (else ConfinementError).
+    allow_unconfined: bool = False
 
 
 @dataclass(frozen=True)
@@ -87,8 +99,12 @@ def _tail(text: str, max_chars: int) -> str:
 
 
 def run_python(code: str, limits: InterpreterLimits | None = None) -> PythonResult:
-    """Run `code` in a fresh Python with limits; never raises for anything the code does."""
+    """Run `code` in a fresh Python with limits; never raises for anything the code does.
+
+    Raises ConfinementError only when confinement is required and this machine cannot confine.
+    """
     limits = limits or InterpreterLimits()
+    conf = confine.enforce(limits.allow_unconfined, "tool code")
     max_chars = limits.max_output_chars
     with tempfile.TemporaryDirectory(prefix="whale-py-", ignore_cleanup_errors=True) as tmp:
         tmp_path = Path(tmp)
@@ -98,29 +114,50 @@ def run_python(code: str, limits: InterpreterLimits | None = None) -> PythonResu
         mem = limits.memory_mb * 1024 * 1024 if limits.memory_mb > 0 else 0
         cpu = max(1, int(limits.timeout_s) + 1)
         fsize = max(4096, max_chars * 4 + 1024)
-        env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HOME": tmp,
-            "LANG": "C.UTF-8",
-            "PYTHONIOENCODING": "utf-8",
-            "PYTHONHASHSEED": "0",
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "OMP_NUM_THREADS": "1",
-            "OPENBLAS_NUM_THREADS": "1",
-            "MKL_NUM_THREADS": "1",
-        }
-        cmd = [sys.executable, "-I", "-c", _WRAPPER, str(mem), str(cpu), str(fsize), str(src)]
+        threads = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        limit_args = [str(mem), str(cpu), str(fsize)]
+        # -I: no environment, no user site, no script folder; -S: no site-packages (no whale_lab);
+        # -B: no bytecode written anywhere.
+        wrapped: confine.Wrapped | None = None
+        if conf.confined:
+            env = confine.clean_env(threads)
+            cmd = [confine.python_executable(), "-I", "-S", "-B", "-c", _WRAPPER]
+            wrapped = confine.wrap(
+                [*cmd, *limit_args, CODE_PATH],
+                bwrap=conf.bwrap,
+                env=env,
+                binds=[(str(src), CODE_PATH)],
+            )
+            cmd, fds = wrapped.argv, wrapped.pass_fds
+        else:
+            env = {
+                "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                "HOME": tmp,
+                "TMPDIR": tmp,
+                "LANG": "C.UTF-8",
+                "PYTHONIOENCODING": "utf-8",
+                "PYTHONHASHSEED": "0",
+                "PYTHONDONTWRITEBYTECODE": "1",
+                **threads,
+            }
+            cmd = [sys.executable, "-I", "-S", "-B", "-c", _WRAPPER, *limit_args, str(src)]
+            fds = ()
         timed_out = False
         with open(out_path, "wb") as out_fh, open(err_path, "wb") as err_fh:
-            proc = subprocess.Popen(
-                cmd,
-                cwd=tmp,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out_fh,
-                stderr=err_fh,
-                start_new_session=True,
-            )
+            try:
+                proc = subprocess.Popen(
+                    cmd,
+                    cwd=tmp,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out_fh,
+                    stderr=err_fh,
+                    pass_fds=fds,
+                    start_new_session=True,
+                )
+            finally:
+                if wrapped is not None:
+                    wrapped.close()
             try:
                 proc.wait(timeout=limits.timeout_s)
             except subprocess.TimeoutExpired:
@@ -141,8 +178,7 @@ def run_python(code: str, limits: InterpreterLimits | None = None) -> PythonResu
         error = f"TimeoutError: the code ran longer than {limits.timeout_s:g} s and was stopped"
     elif rc == 0:
         error = ""
-    elif rc < 0:
-        sig = -rc
+    elif (sig := confine.exit_signal(rc, conf.confined)) is not None:
         try:
             name = signal.Signals(sig).name
         except ValueError:

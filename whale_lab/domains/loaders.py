@@ -2,12 +2,20 @@
 
 Users point `domain.source` (and, for search, `domain.corpus`) at their files. Every problem in a
 file is the user's mistake to fix, so each becomes a `DataError` that names the file, the line (or
-Parquet row) and what is wrong; nothing here lets a traceback reach the user.
+Parquet row) and what is wrong; nothing here lets a traceback reach the user. Text files may start
+with a UTF-8 byte-order mark (spreadsheet exports and some editors write one).
+
+`fit_split_sizes` is the one rule every domain (math, search, chess; built-in or a file) applies
+when its data is too small for `domain.splits`: test, val and harness are never shrunk, since a
+score on fewer tasks than asked is not the score asked for, so too few items for them (plus one
+weight item) is a DataError naming what exists and what was asked; weight takes what is left up
+to its size, and a shortfall is printed as a warning naming both numbers.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import random
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -19,6 +27,7 @@ from whale_lab.domains.errors import DataError
 from whale_lab.domains.text import extract_boxed
 
 SPLIT_ORDER = ("test", "val", "harness", "weight")
+log = logging.getLogger("whale_lab.domains")
 
 
 @dataclass(frozen=True)
@@ -51,7 +60,7 @@ def _check_file(path: str | Path) -> Path:
 
 def _iter_jsonl(p: Path) -> Iterator[tuple[str, Any]]:
     try:
-        with open(p, encoding="utf-8") as fh:
+        with open(p, encoding="utf-8-sig") as fh:
             for lineno, line in enumerate(fh, start=1):
                 if not line.strip():
                     continue
@@ -62,15 +71,19 @@ def _iter_jsonl(p: Path) -> Iterator[tuple[str, Any]]:
                         f"{p}:{lineno}: not valid JSON ({exc.msg} at column "
                         f"{exc.colno}); each line must be one JSON object"
                     ) from None
+                except RecursionError:
+                    raise DataError(f"{p}:{lineno}: JSON nested too deeply") from None
     except UnicodeDecodeError as exc:
         raise DataError(f"{p}: not UTF-8 text ({exc.reason}); expected JSON lines") from None
 
 
 def _iter_json_array(p: Path) -> Iterator[tuple[str, Any]]:
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = json.loads(p.read_text(encoding="utf-8-sig"))
     except json.JSONDecodeError as exc:
         raise DataError(f"{p}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+    except RecursionError:
+        raise DataError(f"{p}: JSON nested too deeply") from None
     except UnicodeDecodeError as exc:
         raise DataError(f"{p}: not UTF-8 text ({exc.reason})") from None
     if not isinstance(data, list):
@@ -104,7 +117,7 @@ def read_records(path: str | Path) -> Iterator[tuple[str, Any]]:
     elif suffix in (".jsonl", ".ndjson"):
         yield from _iter_jsonl(p)
     elif suffix == ".json":
-        with open(p, encoding="utf-8", errors="replace") as fh:
+        with open(p, encoding="utf-8-sig", errors="replace") as fh:
             head = fh.read(4096).lstrip()
         yield from (_iter_json_array(p) if head.startswith("[") else _iter_jsonl(p))
     else:
@@ -316,29 +329,51 @@ def _key(text: str) -> str:
     return re.sub(r"\s+", " ", text.strip().lower())
 
 
+def fit_split_sizes(
+    available: int, sizes: Mapping[str, int], have: str, label: str
+) -> tuple[dict[str, int], str]:
+    """Split sizes that `available` items can fill, by the one rule for too-small data (see the
+    module docstring); returns the sizes and the warning printed (empty when nothing shrank).
+
+    `have` says what exists, e.g. "data.jsonl: 40 distinct questions"; `label` is the domain.
+    """
+    asked = {s: int(sizes[s]) for s in SPLIT_ORDER}
+    need = sum(asked[s] for s in SPLIT_ORDER if s != "weight")
+    listed = ", ".join(f"{s}={asked[s]}" for s in SPLIT_ORDER)
+    if available < need + min(1, asked["weight"]):
+        raise DataError(
+            f"{have}, but test, val and harness need {need} and weight at least 1 "
+            f"(domain.splits: {listed}); lower domain.splits sizes or add data"
+        )
+    out = dict(asked)
+    out["weight"] = min(asked["weight"], available - need)
+    if out["weight"] == asked["weight"]:
+        return out, ""
+    note = (
+        f"{have}: after test, val and harness ({need}) only {out['weight']} are left for weight, "
+        f"which asks for {asked['weight']}; training uses {out['weight']} (set "
+        f"domain.splits.weight = {out['weight']} to silence this)"
+    )
+    log.warning("%s: warning: %s", label, note)
+    return out, note
+
+
 def split_indices(
     questions: Sequence[str], sizes: Mapping[str, int], seed: int, label: str, source: str
 ) -> dict[str, list[int]]:
-    """Seeded disjoint splits of a user's records (duplicate question texts kept once).
-
-    Test, val and harness get their full sizes (too few records is an error); weight takes up to
-    its size from what is left, and must get at least one.
-    """
+    """Seeded disjoint splits of a user's records (duplicate question texts kept once), sized by
+    `fit_split_sizes`: test, val and harness in full, weight up to its size from what is left."""
     first: dict[str, int] = {}
     for i, q in enumerate(questions):
         first.setdefault(_key(q), i)
     unique = sorted(first.values())
     random.Random(f"whale-split:{label}:{seed}").shuffle(unique)
-    need = sum(sizes[s] for s in SPLIT_ORDER if s != "weight")
-    if len(unique) <= need:
-        raise DataError(
-            f"{source}: {len(unique)} distinct questions, but test, val and harness "
-            f"need {need} and weight at least 1; lower domain.splits sizes or add data"
-        )
+    fitted, _note = fit_split_sizes(
+        len(unique), sizes, f"{source}: {len(unique)} distinct questions", label
+    )
     out: dict[str, list[int]] = {}
     pos = 0
     for split in SPLIT_ORDER:
-        n = min(sizes[split], len(unique) - pos)
-        out[split] = unique[pos : pos + n]
-        pos += n
+        out[split] = unique[pos : pos + fitted[split]]
+        pos += fitted[split]
     return out

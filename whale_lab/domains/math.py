@@ -1,6 +1,8 @@
 """The math domain: word problems, a sandboxed `python` tool and a tolerant numeric verifier.
 
 Tasks come from the built-in generator (`math_problems.py`) or a user's file (`loaders.py`).
+Built-in splits are generated when first asked for (an eval of val never generates weight), in
+the fixed order test, val, harness, weight, so they are the same whichever is asked for first.
 The verifier receives the final answer as the harness extracted it and compares it exactly as a
 number (fractions and decimals included) after stripping harmless decoration; an answer it cannot
 read scores 0.
@@ -8,14 +10,17 @@ read scores 0.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import dataclasses
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from whale_lab.config import split_seed
 from whale_lab.domains.actions import normalise_answer_or_tool
 from whale_lab.domains.base import SPLITS, Action, Domain, Env, Split, StepOutcome, Task
 from whale_lab.domains.interpreter import InterpreterLimits, run_python
-from whale_lab.domains.loaders import load_math_file, split_indices
-from whale_lab.domains.math_problems import ProblemStream
+from whale_lab.domains.loaders import SPLIT_ORDER, fit_split_sizes, load_math_file, split_indices
+from whale_lab.domains.math_problems import STREAM_CAPACITY, ProblemStream
 from whale_lab.domains.text import normalize_latex, parse_number, to_fraction
 
 if TYPE_CHECKING:
@@ -108,16 +113,46 @@ class MathEnv(Env):
         }
 
 
+class _BuiltinSplits:
+    """The generator's splits, each made on first use; earlier ones in SPLIT_ORDER first, since
+    later splits leave out every question an earlier one holds."""
+
+    def __init__(self, seed: int, sizes: Mapping[str, int]) -> None:
+        self.stream = ProblemStream(seed)
+        self.sizes = dict(sizes)
+        self.lock = threading.Lock()
+
+    def __call__(self, split: str, done: dict[str, list[Task]]) -> None:
+        with self.lock:
+            for name in SPLIT_ORDER[: SPLIT_ORDER.index(split) + 1]:
+                if name not in done:
+                    done[name] = [
+                        Task(
+                            id=f"math-{name}-{i:05d}",
+                            domain="math",
+                            fields={"question": p.question},
+                            answer=p.answer,
+                            meta={**p.meta(), "source": "builtin"},
+                        )
+                        for i, p in enumerate(self.stream.take(name, self.sizes[name]))
+                    ]
+
+
 class MathDomain(Domain):
     name = "math"
 
     def __init__(
-        self, splits: Mapping[str, list[Task]], limits: InterpreterLimits = DEFAULT_LIMITS
+        self,
+        splits: Mapping[str, list[Task]],
+        limits: InterpreterLimits = DEFAULT_LIMITS,
+        *,
+        generate: Callable[[str, dict[str, list[Task]]], None] | None = None,
     ) -> None:
         missing = [s for s in SPLITS if s not in splits]
-        if missing:
+        if missing and generate is None:
             raise ValueError(f"missing splits: {missing}")
-        self._splits = {s: list(splits[s]) for s in SPLITS}
+        self._splits = {s: list(splits[s]) for s in SPLITS if s in splits}
+        self._generate = generate  # fills in a missing split on first use
         self.limits = limits
 
     # ---------------------------------------------------------------- construction
@@ -126,22 +161,19 @@ class MathDomain(Domain):
     def builtin(
         cls, seed: int, sizes: Mapping[str, int], limits: InterpreterLimits = DEFAULT_LIMITS
     ) -> MathDomain:
-        """Generated problems; test is drawn first, so it depends only on the seed and its size."""
-        stream = ProblemStream(seed)
-        splits: dict[str, list[Task]] = {}
-        for split in ("test", "val", "harness", "weight"):
-            problems = stream.take(split, sizes[split])
-            splits[split] = [
-                Task(
-                    id=f"math-{split}-{i:05d}",
-                    domain="math",
-                    fields={"question": p.question},
-                    answer=p.answer,
-                    meta={**p.meta(), "source": "builtin"},
-                )
-                for i, p in enumerate(problems)
-            ]
-        return cls(splits, limits)
+        """Generated problems; test is drawn first, so it depends only on the seed and its size.
+
+        Sizes are bounded by what the generator can make (`STREAM_CAPACITY`), by the rule every
+        domain uses for too-small data; each split is generated when first asked for.
+        """
+        fitted, _note = fit_split_sizes(
+            STREAM_CAPACITY,
+            sizes,
+            f"the built-in math generator makes at most {STREAM_CAPACITY} distinct problems "
+            f"per seed",
+            "math",
+        )
+        return cls({}, limits, generate=_BuiltinSplits(seed, fitted))
 
     @classmethod
     def from_file(
@@ -171,16 +203,19 @@ class MathDomain(Domain):
     @classmethod
     def from_config(cls, cfg: Config) -> MathDomain:
         sizes = {s: getattr(cfg.domain.splits, s) for s in SPLITS}
+        limits = dataclasses.replace(DEFAULT_LIMITS, allow_unconfined=cfg.sandbox.allow_unconfined)
         source = cfg.domain.source.strip()
         if source in ("", "builtin"):
-            return cls.builtin(cfg.run.seed, sizes)
-        return cls.from_file(source, cfg.run.seed, sizes)
+            return cls.builtin(split_seed(cfg), sizes, limits)
+        return cls.from_file(source, split_seed(cfg), sizes, limits)
 
     # ---------------------------------------------------------------- Domain API
 
     def tasks(self, split: Split) -> list[Task]:
-        if split not in self._splits:
+        if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
+        if split not in self._splits and self._generate is not None:
+            self._generate(split, self._splits)
         return list(self._splits[split])
 
     def make_env(self, task: Task) -> MathEnv:

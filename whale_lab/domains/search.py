@@ -14,6 +14,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from whale_lab.config import split_seed
 from whale_lab.domains.actions import normalise_answer_or_tool
 from whale_lab.domains.base import SPLITS, Action, Domain, Env, Split, StepOutcome, Task
 from whale_lab.domains.bm25 import BM25Index
@@ -21,6 +22,7 @@ from whale_lab.domains.encyclopedia import Encyclopedia, Question, default_encyc
 from whale_lab.domains.loaders import (
     SPLIT_ORDER,
     DataError,
+    fit_split_sizes,
     load_corpus_file,
     load_questions_file,
     split_indices,
@@ -191,17 +193,15 @@ class SearchEnv(Env):
 def _stratified_splits(
     questions: Sequence[Question], sizes: Mapping[str, int], seed: int
 ) -> dict[str, list[Question]]:
-    """Seeded disjoint splits with the same one-hop / two-hop mix in each (test drawn first)."""
+    """Seeded disjoint splits with the same one-hop / two-hop mix in each (test drawn first),
+    sized by the one rule for too-small data (`loaders.fit_split_sizes`)."""
+    sizes, _note = fit_split_sizes(
+        len(questions), sizes, f"the built-in encyclopedia has {len(questions)} questions", "search"
+    )
     rng = random.Random(f"whale-search-split:{seed}")
     pools = {h: [q for q in questions if q.hops == h] for h in (1, 2)}
     for pool in pools.values():
         rng.shuffle(pool)
-    need = sum(sizes[s] for s in SPLIT_ORDER if s != "weight")
-    if need >= len(questions):
-        raise DataError(
-            f"the built-in encyclopedia has {len(questions)} questions, but test, val "
-            f"and harness need {need} and weight at least 1; lower domain.splits sizes"
-        )
     out: dict[str, list[Question]] = {}
     for split in SPLIT_ORDER:
         n = sizes[split]
@@ -288,9 +288,9 @@ class SearchDomain(Domain):
                 f"not be searched; set one of them"
             )
         if source == "builtin":
-            splits = cls.builtin_tasks(cfg.run.seed, sizes)
+            splits = cls.builtin_tasks(split_seed(cfg), sizes)
         else:
-            splits = cls.file_tasks(source, cfg.run.seed, sizes)
+            splits = cls.file_tasks(source, split_seed(cfg), sizes)
         return cls(splits, retriever)
 
     def tasks(self, split: Split) -> list[Task]:

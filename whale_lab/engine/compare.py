@@ -61,14 +61,19 @@ def _check(schedules: Sequence[str], seeds: Sequence[int]) -> tuple[list[str], l
     return list(dict.fromkeys(schedules)), list(dict.fromkeys(seeds))
 
 
-def run_config(cfg: Config, schedule: str, seed: int, out_dir: str | Path) -> Config:
-    """The config of one run of the comparison."""
-    return headless_config(cfg).replace(
+def run_config(
+    cfg: Config, schedule: str, seed: int, out_dir: str | Path, *, split_seed: int | None = None
+) -> Config:
+    """The config of one run of the comparison; `split_seed` fixes the tasks across seeds."""
+    out = headless_config(cfg).replace(
         schedule=dataclasses.replace(cfg.schedule, kind=schedule),  # type: ignore[arg-type]
         run=dataclasses.replace(
             cfg.run, seed=seed, name=f"{schedule}-seed{seed}", directory=str(out_dir)
         ),
     )
+    if split_seed is not None:
+        out = out.replace(domain=dataclasses.replace(out.domain, split_seed=split_seed))
+    return out
 
 
 def _completed(folder: Path) -> bool:
@@ -96,8 +101,13 @@ def compare_runs(
     *,
     drive_run: RunDriver,
     log: Callable[[str], None],
+    resplit: bool = False,
 ) -> CompareOutcome:
     """Run every schedule with every seed (sequentially), then write the comparison report.
+
+    By default every run draws the same tasks and splits (`domain.split_seed`, else the first
+    seed), so schedules are paired on one task set and the seed varies sampling and training only;
+    `resplit` lets each seed draw its own splits (the other design).
 
     `drive_run(engine, commands, store, label)` runs one engine to its end; `log` gets one line
     per run that is skipped (already completed) or that raised. Bad requests raise CompareError.
@@ -106,6 +116,9 @@ def compare_runs(
     from whale_lab.engine.report import summarise_run, write_comparison
 
     schedules, seeds = _check(schedules, seeds)
+    fixed: int | None = None
+    if not resplit:
+        fixed = cfg.domain.split_seed if cfg.domain.split_seed >= 0 else seeds[0]
     if cfg.approval.headless_mode == "manual":
         raise CompareError(
             'compare runs unattended: set approval.headless_mode to "auto" or "threshold"'
@@ -130,7 +143,7 @@ def compare_runs(
             commands = CommandChannel()
             try:
                 engine, store = create_run(
-                    run_config(cfg, schedule, seed, out),
+                    run_config(cfg, schedule, seed, out, split_seed=fixed),
                     folder,
                     reviewer=AutoReviewer(),
                     commands=commands,

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from whale_lab import confine
 from whale_lab.config import Config
 from whale_lab.context import RunContext
 from whale_lab.engine import runlock, selection
@@ -300,6 +301,16 @@ class Engine:
                 resumed=resumed,
             )
         )
+        conf = confine.detect()  # recorded in every session of the run: confined or not
+        self._log(f"sandbox: {conf.describe()}", "info" if conf.confined else "warning")
+
+    def _preflight(self) -> None:
+        """Every server the run needs answers before the first rollout (a one-line error if not);
+        the adapter endpoint too when the weight phase will publish adapters to it."""
+        check = getattr(self.backend, "preflight", None)
+        if callable(check) and getattr(self.backend, "verify", False):
+            rsft = self.book.rsft
+            check(adapters=rsft is not None and getattr(rsft, "mode", "") == "adapter")
 
     def _has_weight_state(self) -> bool:
         from whale_lab.weights.checkpoint import Checkpointer
@@ -318,6 +329,7 @@ class Engine:
         _ = self.backend
         if self._has_weight_state() or any(p.kind == "weight" for p in self.plan):
             self.phases.weights()
+        self._preflight()
         state.status = "running"
         self.book.save()
         self._started(resumed)

@@ -18,6 +18,7 @@ from whale_lab.engine.schedules import AdaptiveHarnessStop, AdaptiveWeightStop, 
 from whale_lab.engine.state import PhaseRecord
 from whale_lab.events import Log, PhaseEnded, PhaseStarted, WeightStep
 from whale_lab.seams import Reviewer
+from whale_lab.store import RunStore
 
 
 class PhaseRunner:
@@ -39,6 +40,7 @@ class PhaseRunner:
         self.gate = gate
         self.cycle = 0
         self.kind = ""
+        self.reopened = False  # the phase was closing ("ending") when the last process ended
 
     def _log(self, message: str, level: str = "info") -> None:
         self.ctx.emit(Log(level=level, message=message))
@@ -89,6 +91,7 @@ class PhaseRunner:
             state.phases.append(rec)
             book.save()
         self.cycle, self.kind = spec.cycle, spec.kind
+        self.reopened = rec.status == "ending"
         if rec.status == "running":
             self.ctx.emit(
                 PhaseStarted(
@@ -117,17 +120,31 @@ class PhaseRunner:
         self._log(f"cycle {rec.cycle} {rec.kind} phase ended by a switch from {entry['by']}{why}")
 
     def _ended(self, spec: PhaseSpec, rec: PhaseRecord) -> None:
-        self.ctx.emit(
-            PhaseEnded(
-                cycle=spec.cycle,
-                phase=spec.kind,
-                reason=rec.reason,
-                weight_rollouts=self.book.weight_rollouts(),
-                harness_rollouts=self.book.harness_rollouts(),
+        if not (self.reopened and self._end_logged(spec)):
+            self.ctx.emit(
+                PhaseEnded(
+                    cycle=spec.cycle,
+                    phase=spec.kind,
+                    reason=rec.reason,
+                    weight_rollouts=self.book.weight_rollouts(),
+                    harness_rollouts=self.book.harness_rollouts(),
+                )
             )
-        )
         rec.status = "ended"
         self.book.save()
+
+    def _end_logged(self, spec: PhaseSpec) -> bool:
+        """Whether this phase's PhaseEnded is already in the log: a process killed between
+        writing it and recording "ended" must not write it again on resume. The phase's events
+        are its log's last PhaseStarted/PhaseEnded of that cycle and kind (phases run in order)."""
+        last = ""
+        for ev in RunStore.read_events(self.ctx.store.root):
+            if isinstance(ev, (PhaseStarted, PhaseEnded)) and (ev.cycle, ev.phase) == (
+                spec.cycle,
+                spec.kind,
+            ):
+                last = ev.type
+        return last == PhaseEnded.type
 
     # ------------------------------------------------------------------ weights
     def _weight_rule(self, rsft: Any) -> Callable[[Sequence[WeightStep]], bool]:
@@ -144,6 +161,19 @@ class PhaseRunner:
 
         return stop_when
 
+    def _weight_budget(self, i: int, spec: PhaseSpec, rsft: Any) -> float:
+        """An adaptive phase gets at most what earlier weight phases left of the total budget."""
+        if not spec.adaptive:
+            return spec.budget
+        steps_per_epoch = len(rsft.weight_tasks) / self.ctx.cfg.rsft.prompts_per_step
+        used_steps = sum(
+            int(rec.end_step) - int(rec.start_step or 0)
+            for rec in self.book.state.phases
+            if rec.kind == "weight" and rec.index != i and rec.end_step is not None
+        )
+        left = self.ctx.cfg.schedule.total_weight_epochs - used_steps / steps_per_epoch
+        return max(0.0, min(spec.budget, left))
+
     def weight_phase(self, i: int, spec: PhaseSpec) -> str:
         rsft = self.weights()
         rec = self.open(i, spec)
@@ -153,7 +183,7 @@ class PhaseRunner:
             if not rsft.phase_active and rsft.step > int(rec.start_step or 0):
                 # the phase finished before the last process ended, and was not recorded
                 done = rsft.step - int(rec.start_step or 0)
-                short = spec.adaptive and done < rsft.steps_for(spec.budget)
+                short = spec.adaptive and done < rsft.steps_for(self._weight_budget(i, spec, rsft))
                 reason = "patience" if short else "budget"
             rule = self._weight_rule(rsft) if spec.adaptive else None
             points.phase_active = True
@@ -163,7 +193,7 @@ class PhaseRunner:
                     rsft.harness_rollouts = self.book.harness_rollouts()
                     result = rsft.run(
                         self.book.harness_path,
-                        epochs=spec.budget,
+                        epochs=self._weight_budget(i, spec, rsft),
                         stop_when=rule,
                         should_stop=points.interrupt_phase,
                         cycle=spec.cycle,

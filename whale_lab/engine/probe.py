@@ -61,7 +61,9 @@ from whale_lab.events import (
     ProposerUsage,
     WeightStep,
 )
+from whale_lab.paired import paired_difference, scores_by_task
 from whale_lab.store import RunStore, atomic_write_json
+from whale_lab.trace import EpisodeTrace
 
 KeepMode = Literal["none", "weights", "harness", "both", "best"]
 KEEP_MODES: tuple[str, ...] = ("none", "weights", "harness", "both", "best")
@@ -154,6 +156,10 @@ class SideResult:
     error: str = ""
     artifact: str = ""  # harness: the accepted candidate; weights: the probe's resume folder
     usage: dict[str, float] = field(default_factory=dict)
+    # the paired val comparison after vs before (same tasks, same seeds) and the gain's interval
+    paired: dict[str, Any] | None = None
+    interval: tuple[float, float] | None = None
+    verdict: str = "not run"  # "gain" | "loss" | "inconclusive" | "unchanged" | "not run"
 
 
 @dataclass
@@ -197,6 +203,8 @@ class ProbeReport:
             recommendation=self.recommendation.text,
             evidence=self.recommendation.evidence,
             diagnostics=diag,
+            verdict=self.recommendation.side,
+            sides={s.side: _side_summary(s) for s in (self.harness, self.weights)},
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -217,6 +225,37 @@ class ProbeReport:
             "eval_rollouts": self.eval_rollouts,
             "rollouts": self.rollouts,
         }
+
+
+def _side_summary(s: SideResult) -> dict[str, Any]:
+    return {
+        "ran": s.ran,
+        "gain_per_1k": s.gain_per_1k,
+        "interval": list(s.interval) if s.interval is not None else None,
+        "verdict": s.verdict,
+        "rollouts": s.rollouts,
+        "eval_rollouts": s.eval_rollouts,
+        "val_after": s.val_after,
+        "paired": s.paired,
+        "note": s.error or s.note,
+    }
+
+
+def _needed_text(sides: list[SideResult], *, n_tasks: int) -> str:
+    """How many val tasks would resolve the larger of the measured changes (paired)."""
+    best: tuple[float, int] | None = None
+    for side in sides:
+        p = side.paired
+        if not p or p.get("needed_tasks") is None:
+            continue
+        if best is None or abs(p["diff"]) > best[0]:
+            best = (abs(p["diff"]), int(p["needed_tasks"]))
+    if best is None:
+        return ""
+    return (
+        f"About {best[1]} val tasks (paired, k as now; {n_tasks} now) would resolve a change of "
+        f"{best[0]:.3f} val mean@k."
+    )
 
 
 def _gain(before: float, after: float, rollouts: int) -> float:
@@ -266,9 +305,26 @@ class BottleneckProbe:
         self.eval_rollouts = 0
         self.weight_steps: list[WeightStep] = []
         self._kept_phase: Any = None
+        self._baseline: list[EpisodeTrace] = []
         self._trace_name = f"probe-{index:03d}-val"
 
     # ------------------------------------------------------------------ plumbing
+    def _judge(self, out: SideResult, after: list[EpisodeTrace] | None) -> None:
+        """The side's val change against the baseline, paired (same val tasks, same seeds), and
+        its gain interval per 1,000 rollouts; `after` None: nothing changed, nothing to judge."""
+        if not out.ran:
+            return
+        if after is None:
+            out.interval, out.verdict = (0.0, 0.0), "unchanged"
+            return
+        r = paired_difference(
+            scores_by_task(self._baseline), scores_by_task(after), seed=self.index
+        )
+        out.paired = r.to_dict()
+        scale = 1000.0 / max(out.rollouts, 1)
+        out.interval = (r.low * scale, r.high * scale)
+        out.verdict = {"better": "gain", "worse": "loss"}.get(r.verdict(), "inconclusive")
+
     def _side_emit(self, side: str, origin: Path) -> Callable[[Event], None]:
         """Events of a side's phase, as the run should see them: episodes marked `probe` (with
         trace paths relative to the run folder), proposer usage, logs; the rest stays here."""
@@ -352,6 +408,7 @@ class BottleneckProbe:
             )
         )
         val0, pass0, traces = self.score_val(self.harness_path, "baseline")
+        self._baseline = list(traces)
         diag = probe_diagnostics(traces, domain=self.domain.name, k=self.k)
         self._check()
         harness = SideResult("harness")
@@ -368,6 +425,9 @@ class BottleneckProbe:
             signals,
             harness_note=harness.error or harness.note,
             weight_note=weights.error or weights.note,
+            harness_interval=harness.interval if harness.ran else None,
+            weight_interval=weights.interval if weights.ran else None,
+            needed=_needed_text([harness, weights], n_tasks=len({t.task_id for t in traces})),
         )
         kept: list[str] = []
         if keep_weights:
@@ -444,10 +504,13 @@ class BottleneckProbe:
             out.note = "no candidate beat the current harness on the harness split"
         else:
             before = self.eval_rollouts
-            out.val_after, _, _ = self.score_val(result.accepted_path, "harness")
+            out.val_after, _, after = self.score_val(result.accepted_path, "harness")
             out.eval_rollouts = self.eval_rollouts - before
             out.note = f"best candidate {result.accepted_id}"
+            self._judge(out, after)
         out.gain_per_1k = _gain(val0, out.val_after, out.rollouts)
+        if out.paired is None:
+            self._judge(out, None)
         return out
 
     def _weight_side(self, val0: float, harness: SideResult, keep: str) -> tuple[SideResult, bool]:
@@ -509,10 +572,13 @@ class BottleneckProbe:
                     out.val_after = val0
                 else:
                     before = self.eval_rollouts
-                    out.val_after, _, _ = self.score_val(self.harness_path, "weights")
+                    out.val_after, _, after = self.score_val(self.harness_path, "weights")
                     out.eval_rollouts = self.eval_rollouts - before
                     out.note = f"{updates} of {len(result.history)} steps updated the weights"
+                    self._judge(out, after)
                 out.gain_per_1k = _gain(val0, out.val_after, out.rollouts)
+                if out.paired is None:
+                    self._judge(out, None)
                 keep_now = updates > 0 and self._keep_side("weights", keep, harness, out)
                 if keep_now:
                     self._kept_phase = phase

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from whale_lab import events as ev
+from whale_lab.paired import METHOD, paired_difference
 from whale_lab.store import RunStore, atomic_write_json, atomic_write_text
 
 # two-sided 95% Student-t quantiles by degrees of freedom (1..10); normal beyond
@@ -49,10 +50,19 @@ class RunSummary:
     proposer_tokens: int = 0
     proposer_cost: float = 0.0
     curve: list[CurvePoint] = field(default_factory=list)
+    proposals: int = 0  # candidates the proposers wrote (the harness budget in proposals)
+    # per evaluation point and split: task id -> rewards (None: an invalid episode)
+    episodes: dict[str, dict[str, dict[str, list[float | None]]]] = field(
+        default_factory=dict, repr=False
+    )
 
     @property
     def rollouts(self) -> int:
         return self.weight_rollouts + self.harness_rollouts
+
+    def selected_scores(self, split: str = "test") -> dict[str, list[float | None]]:
+        """Per-task rewards of `split` at the val-selected checkpoint (for paired comparisons)."""
+        return self.episodes.get(self.selected_checkpoint, {}).get(split, {})
 
 
 def summarise_run(run_dir: str | Path) -> RunSummary:
@@ -61,12 +71,24 @@ def summarise_run(run_dir: str | Path) -> RunSummary:
     val_by_ckpt: dict[str, ev.EvalResult] = {}
     test_by_ckpt: dict[str, ev.EvalResult] = {}
     order: list[str] = []
+    pending: list[ev.EpisodeFinished] = []  # eval episodes not yet claimed by an EvalResult
     for e in store_events:
+        if isinstance(e, ev.EpisodeFinished) and e.phase == "eval":
+            pending.append(e)
+            continue
+        if isinstance(e, ev.CandidateProposed) and e.proposer != "incoming":
+            s.proposals += 1
         if isinstance(e, ev.RunStarted):
             s.domain, s.schedule = e.domain, e.schedule
             s.seed = int(e.config.get("run", {}).get("seed", 0)) if e.config else 0
         elif isinstance(e, ev.EvalResult):
             key = e.checkpoint or f"{e.cycle}-{e.phase}"
+            by_task: dict[str, list[float | None]] = {}
+            for ep in pending:
+                invalid = ep.stop_reason == "backend_error"
+                by_task.setdefault(ep.task_id, []).append(None if invalid else ep.reward)
+            s.episodes.setdefault(key, {})[e.split] = by_task
+            pending = []
             if e.split == "val":
                 if key not in val_by_ckpt:
                     order.append(key)
@@ -149,13 +171,90 @@ def write_comparison(report_dir: str | Path, runs: list[RunSummary], *, title: s
     lines += ["", "![val mean@k vs rollouts](accuracy_vs_rollouts.svg)", "",
               "Runs:", ""]
     lines += [f"- {r.schedule} seed {r.seed}: `{r.run_dir}` ({r.status})" for r in runs]
+    paired = paired_comparisons(runs)
+    lines[4:4] = _paired_lines(paired) + [""]
     atomic_write_text(out / "summary.md", "\n".join(lines) + "\n")
+    atomic_write_json(out / "paired.json", paired)
     atomic_write_json(out / "results.json", {
         "rows": [{**r, "test_at_best_val": list(r["test_at_best_val"]),
                   "best_on_test": list(r["best_on_test"])} for r in rows],
-        "runs": [asdict(r) for r in runs]})
+        "runs": [_run_json(r) for r in runs]})
     _plot(out, runs)
     return out / "summary.md"
+
+
+BASELINES = ("weight-only", "harness-only", "stagewise", "prompt-only")
+
+
+def _run_json(r: RunSummary) -> dict[str, Any]:
+    d = asdict(r)
+    d.pop("episodes", None)
+    return d
+
+
+def paired_comparisons(runs: list[RunSummary]) -> dict[str, Any]:
+    """Every schedule against each baseline, paired: the same seed and the same test task give
+    one unit (the mean reward over its samples at each run's val-selected checkpoint); the
+    interval is a bootstrap over units. With fixed splits every seed shares the tasks."""
+    by: dict[str, dict[int, RunSummary]] = defaultdict(dict)
+    for r in runs:
+        by[r.schedule][r.seed] = r
+    schedules = list(by)
+    baselines = [b for b in BASELINES if b in by] or schedules[:1]
+    pairs = []
+    for base in baselines:
+        for other in schedules:
+            if other == base:
+                continue
+            a: dict[str, list[float | None]] = {}
+            b: dict[str, list[float | None]] = {}
+            seeds = sorted(set(by[base]) & set(by[other]))
+            for seed in seeds:
+                for task, vals in by[base][seed].selected_scores().items():
+                    a[f"{seed}/{task}"] = vals
+                for task, vals in by[other][seed].selected_scores().items():
+                    b[f"{seed}/{task}"] = vals
+            result = paired_difference(a, b, seed=len(pairs))
+            pairs.append({
+                "schedule": other, "baseline": base, "seeds": seeds,
+                "weight_rollouts": [statistics.fmean([by[x][sd].weight_rollouts for sd in seeds])
+                                    if seeds else 0 for x in (other, base)],
+                "harness_rollouts": [statistics.fmean([by[x][sd].harness_rollouts for sd in seeds])
+                                     if seeds else 0 for x in (other, base)],
+                "proposals": [statistics.fmean([by[x][sd].proposals for sd in seeds])
+                              if seeds else 0 for x in (other, base)],
+                **result.to_dict(),
+                "says": result.describe(unit=" pts", scale=100),
+            })
+    return {"unit": "(seed, test task) at each run's val-selected checkpoint",
+            "method": METHOD, "level": 0.95, "pairs": pairs}
+
+
+def _paired_lines(paired: dict[str, Any]) -> list[str]:
+    if not paired["pairs"]:
+        return []
+    lines = ["Paired differences (schedule minus baseline, test mean@k points at the val-selected "
+             f"checkpoints; unit: {paired['unit']}; 95% {paired['method']}). Only an interval "
+             "that excludes zero supports a difference.", "",
+             "| schedule | baseline | difference | 95% interval | wins / losses / ties | "
+             "what it supports | proposals (schedule / baseline) |",
+             "|---|---|---|---|---|---|---|"]
+    for p in paired["pairs"]:
+        if p["n_tasks"] == 0 or p["low"] is None or p["high"] is None:
+            lines.append(f"| {p['schedule']} | {p['baseline']} | - | - | - | "
+                         f"too few shared tasks ({p['n_tasks']}) | - |")
+            continue
+        if p["excludes_zero"]:
+            says = "a difference" + (" (schedule ahead)" if p["diff"] > 0 else " (baseline ahead)")
+        else:
+            need = p.get("needed_tasks")
+            says = "no difference detected at this size" + (f" (~{need} units needed)" if need else "")
+        lines.append(
+            f"| {p['schedule']} | {p['baseline']} | {100 * p['diff']:+.1f} | "
+            f"[{100 * p['low']:+.1f}, {100 * p['high']:+.1f}] | "
+            f"{p['wins']} / {p['losses']} / {p['ties']} | {says} | "
+            f"{p['proposals'][0]:.0f} / {p['proposals'][1]:.0f} |")
+    return lines
 
 
 def _plot(out: Path, runs: list[RunSummary]) -> None:
@@ -191,4 +290,4 @@ def load_summaries(paths: list[str | Path]) -> list[RunSummary]:
 
 
 def summary_json(s: RunSummary) -> str:
-    return json.dumps(asdict(s), indent=2)
+    return json.dumps(_run_json(s), indent=2)

@@ -49,8 +49,11 @@ def plan(cfg: ScheduleConfig) -> list[PhaseSpec]:
         phases.append(PhaseSpec("weight", cfg.cycles + 1, cfg.weight_epochs))
         return phases
     if kind == "adaptive":
-        # Budgets are caps; the stopping rules end phases earlier. Total weight budget is shared.
-        per_weight = cfg.total_weight_epochs / (cfg.cycles + 1)
+        # Budgets are caps; the stopping rules end phases earlier. The total weight budget is
+        # shared: the engine gives each weight phase at most what earlier ones left of it, and
+        # `max_phase_weight_epochs` (when set) caps one phase on top.
+        cap = cfg.max_phase_weight_epochs or cfg.total_weight_epochs
+        per_weight = min(cap, cfg.total_weight_epochs)
         phases = []
         for c in range(1, cfg.cycles + 1):
             phases.append(PhaseSpec("weight", c, per_weight, adaptive=True))
@@ -63,15 +66,17 @@ def plan(cfg: ScheduleConfig) -> list[PhaseSpec]:
 class AdaptiveWeightStop:
     """End a weight phase once the sliding-window mean training reward stops setting new bests.
 
-    window = minimum length = patience = `window_epochs` of an epoch in the paper; here each has its
-    own key. A new phase-best must beat the old one strictly. The rule can fire only after at least
-    `min_steps` steps and a full window.
+    As the paper states it: the window mean is tracked from the phase's first step (over the
+    steps so far until the window is full), a new phase-best must beat the old one strictly, and
+    the phase ends once `patience` steps have passed without one, but never before `min_steps`.
+    Window, minimum length and patience are separate keys (0.2 epoch each in the paper), so a
+    reward that has plateaued ends the phase at its minimum.
     """
 
-    def __init__(self, steps_per_epoch: int, cfg: ScheduleConfig) -> None:
+    def __init__(self, steps_per_epoch: float, cfg: ScheduleConfig) -> None:
         self.window = max(1, math.ceil(cfg.window_epochs * steps_per_epoch))
         self.patience = max(1, math.ceil(cfg.patience_epochs * steps_per_epoch))
-        self.min_steps = max(self.window, math.ceil(cfg.min_weight_epochs * steps_per_epoch))
+        self.min_steps = max(1, math.ceil(cfg.min_weight_epochs * steps_per_epoch))
         self._rewards: deque[float] = deque(maxlen=self.window)
         self.best = -math.inf
         self.steps = 0
@@ -81,8 +86,6 @@ class AdaptiveWeightStop:
         """Record one step's training reward; True when the phase should end now."""
         self.steps += 1
         self._rewards.append(train_reward)
-        if len(self._rewards) < self.window:
-            return False
         mean = sum(self._rewards) / len(self._rewards)
         if mean > self.best:
             self.best = mean

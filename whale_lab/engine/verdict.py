@@ -190,7 +190,7 @@ def read_signals(diag: dict[str, float], domain: str) -> list[Signal]:
 
 @dataclass(frozen=True)
 class Recommendation:
-    side: Literal["harness", "weights", "unclear"]
+    side: Literal["harness", "weights", "both", "unclear", "inconclusive"]
     text: str
     evidence: tuple[str, ...]
 
@@ -206,13 +206,24 @@ def recommend(
     *,
     harness_note: str = "",
     weight_note: str = "",
+    harness_interval: tuple[float, float] | None = None,
+    weight_interval: tuple[float, float] | None = None,
+    needed: str = "",
 ) -> Recommendation:
     """Decide which side to work on next, from measured gains (val mean@k per 1,000 rollouts;
     None when a side could not be measured) and trace signals; say why in plain words.
 
-    Measured gains decide when one side is clearly ahead; a tie, or neither side improving,
-    is decided by the traces; with nothing to go on the answer is "unclear".
+    With paired intervals for the gains (what a probe measures), a side is named only when its
+    interval excludes zero: "harness", "weights", "both", or "inconclusive" with the size that
+    would be needed (`needed`); the traces are evidence then, never the verdict. Without intervals
+    (gains from elsewhere) measured gains decide when one side is clearly ahead and the traces
+    break ties; with nothing to go on the answer is "unclear".
     """
+    if harness_interval is not None or weight_interval is not None:
+        return _paired_verdict(
+            harness_gain, weight_gain, signals, harness_interval, weight_interval,
+            harness_note=harness_note, weight_note=weight_note, needed=needed,
+        )
     h_votes = [s for s in signals if s.side == "harness"]
     w_votes = [s for s in signals if s.side == "weights"]
     evidence = [
@@ -271,3 +282,76 @@ def recommend(
     return Recommendation(side, text, tuple(evidence))
 
 
+
+
+def _fmt_interval(gain: float | None, interval: tuple[float, float] | None) -> str:
+    if gain is None:
+        return "not measured"
+    if interval is None:
+        return f"{gain:+.3f} (no interval)"
+    return f"{gain:+.3f} [{interval[0]:+.3f}, {interval[1]:+.3f}]"
+
+
+def _paired_verdict(
+    harness_gain: float | None,
+    weight_gain: float | None,
+    signals: Sequence[Signal],
+    harness_interval: tuple[float, float] | None,
+    weight_interval: tuple[float, float] | None,
+    *,
+    harness_note: str,
+    weight_note: str,
+    needed: str,
+) -> Recommendation:
+    evidence = [
+        "harness probe: val mean@k per 1,000 rollouts "
+        + _fmt_interval(harness_gain, harness_interval)
+        + (f" ({harness_note})" if harness_note else ""),
+        "weight probe: val mean@k per 1,000 rollouts "
+        + _fmt_interval(weight_gain, weight_interval)
+        + (f" ({weight_note})" if weight_note else ""),
+        "intervals: 95% percentile bootstrap over val tasks, paired (same tasks, same seeds)",
+    ]
+    evidence += [s.text for s in signals]
+    supported = {
+        side
+        for side, interval in (("harness", harness_interval), ("weights", weight_interval))
+        if interval is not None and interval[0] > 0.0
+    }
+    if supported == {"harness", "weights"}:
+        return Recommendation(
+            "both",
+            "Both levers help now: each probe's gain excludes zero "
+            f"(harness {_fmt_interval(harness_gain, harness_interval)}, weights "
+            f"{_fmt_interval(weight_gain, weight_interval)} per 1,000 rollouts). Keep alternating.",
+            tuple(evidence),
+        )
+    if supported:
+        side = next(iter(supported))
+        gain, interval = (
+            (harness_gain, harness_interval) if side == "harness" else (weight_gain, weight_interval)
+        )
+        what = "harness phase" if side == "harness" else "weight phase (RSFT)"
+        name = "harness" if side == "harness" else "weights"
+        return Recommendation(
+            side,  # type: ignore[arg-type]
+            f"The {name} {'is' if side == 'harness' else 'are'} the bottleneck now: its probe gained "
+            f"{_fmt_interval(gain, interval)} val mean@k per 1,000 rollouts, an interval that "
+            f"excludes zero, and the other side's does not. Run a {what} next.",
+            tuple(evidence),
+        )
+    leaning = ""
+    h_votes = [s for s in signals if s.side == "harness"]
+    w_votes = [s for s in signals if s.side == "weights"]
+    if len(h_votes) != len(w_votes):
+        lean = "harness" if len(h_votes) > len(w_votes) else "weights"
+        leaning = f" The traces lean towards the {lean}, which the measured gains do not confirm."
+    return Recommendation(
+        "inconclusive",
+        "Inconclusive: no difference detected at this size (neither probe's gain interval excludes "
+        f"zero: harness {_fmt_interval(harness_gain, harness_interval)}, weights "
+        f"{_fmt_interval(weight_gain, weight_interval)} per 1,000 rollouts)."
+        + (f" {needed}" if needed else "")
+        + leaning,
+        tuple(evidence),
+    )

@@ -2,15 +2,18 @@
 
 Harness files are often written by an LLM. This check gives a readable reason (line and what is
 wrong) for the usual ways out of the sandbox: imports outside the allow-list, `eval`/`exec`/`open`,
-dunder attributes such as `__subclasses__` or `__globals__`, frame and code objects, and the few
-library helpers that evaluate strings as code. It is the first of several layers: the host also runs
-the module with restricted builtins, a guarded `__import__` and filtered module views, inside a
-process with resource limits.
+dunder attributes such as `__subclasses__` or `__globals__` (also inside `str.format` fields of
+string constants), frame and code objects, and the few library helpers that evaluate strings as
+code. It is a fast first filter, not the boundary: the host also runs the module with restricted
+builtins, a guarded `__import__` and filtered module views, inside a process with resource limits
+that the operating system confines where it can (`whale_lab.confine`).
 """
 
 from __future__ import annotations
 
+import _string  # the parser str.format itself uses for field names
 import ast
+import string
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -131,6 +134,39 @@ def attr_problem(attr: str, *, on_self: bool = False) -> str | None:
     return None
 
 
+_FORMATTER = string.Formatter()
+
+
+def format_field_problem(text: str, depth: int = 0) -> str | None:
+    """Why a string's `str.format` fields are refused: they would reach a refused attribute.
+
+    `"{0.__init__.__globals__}".format(obj)` (or a Formatter subclass, which receives the object
+    itself) reads attributes the attribute rules refuse, from a plain string constant.
+    """
+    if "{" not in text or depth > 2:
+        return None
+    try:
+        fields = list(_FORMATTER.parse(text))
+    except ValueError:
+        return None  # not a format string
+    for _literal, name, spec, _conversion in fields:
+        if name:
+            try:
+                _first, rest = _string.formatter_field_name_split(name)
+                parts = list(rest)
+            except ValueError:
+                parts = []
+            for is_attr, key in parts:
+                problem = attr_problem(str(key)) if is_attr else None
+                if problem:
+                    return f"format field '{{{name}}}' uses {problem}"
+        if spec:
+            problem = format_field_problem(spec, depth + 1)
+            if problem:
+                return problem
+    return None
+
+
 def _name_problem(name: str) -> str | None:
     if name in FORBIDDEN_NAMES:
         return f"forbidden name '{name}'"
@@ -193,6 +229,12 @@ class _Checker(ast.NodeVisitor):
         if problem:
             self.add(node, problem)
         self.generic_visit(node)
+
+    def visit_Constant(self, node: ast.Constant) -> None:
+        if isinstance(node.value, str):
+            problem = format_field_problem(node.value)
+            if problem:
+                self.add(node, problem)
 
     def visit_MatchClass(self, node: ast.MatchClass) -> None:
         for attr in node.kwd_attrs:

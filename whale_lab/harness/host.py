@@ -1,8 +1,12 @@
 """The engine's side of the harness host: start the sandboxed process, batch calls, survive failures.
 
 `HarnessHost(path, domain, sandbox)` starts `python -m whale_lab.harness.host_main` with resource
-limits, a clean environment and a temporary working folder, and loads the harness file there. A
-load problem raises `HarnessLoadError` naming the file, the line and the reason.
+limits, a clean environment and a temporary working folder, and loads the harness file there. Where
+the machine allows it the host runs confined by the operating system (`whale_lab.confine`: bwrap with
+no network, its own PID namespace, a read-only view holding only Python, its standard library and
+the host's own modules, and a private /tmp); otherwise with resource limits only, after a warning,
+or not at all unless `[sandbox] allow_unconfined` is true. A load problem raises
+`HarnessLoadError` naming the file, the line and the reason.
 
 `render`, `parse` and `call` send a whole batch in one round trip; results stream back one per call.
 Each call has a deadline. A call that misses it (a hang inside C code, an alarm the harness
@@ -32,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from whale_lab import confine
 from whale_lab.config import SandboxConfig
 from whale_lab.errors import WhaleLabError
 from whale_lab.harness.surfaces import ALLOWED_IMPORTS
@@ -39,6 +44,9 @@ from whale_lab.harness.surfaces import ALLOWED_IMPORTS
 CallKind = Literal[
     "ok", "exception", "timeout", "memory", "crashed", "bad_type", "output_flood", "missing"
 ]
+
+# The host process's module: it and what it imports are all of the project a confined host sees.
+HOST_ENTRY = "whale_lab.harness.host_main"
 
 # Output past this many times the kept cap is a flood: the call is stopped.
 FLOOD_FACTOR = 50
@@ -171,6 +179,8 @@ class HarnessHost:
         except UnicodeDecodeError as exc:
             raise HarnessLoadError(self.path, 0, f"not UTF-8 text ({exc.reason})") from None
         self.sha = hashlib.sha256(self.source.encode("utf-8")).hexdigest()
+        # Raises ConfinementError when confinement is required and this machine cannot confine.
+        self.confinement = confine.enforce(sandbox.allow_unconfined, "harness code")
         self._tmp = tempfile.mkdtemp(prefix="whale-harness-")
         try:
             raw = self._start()
@@ -215,12 +225,16 @@ class HarnessHost:
         return t * 1.5 + 1.0
 
     def _command(self, req_r: int, resp_w: int) -> list[str]:
-        cmd = [sys.executable, "-s", "-B"]
+        """The host's own command line (confined: the real interpreter, no site-packages)."""
+        if self.confinement.confined:
+            cmd = [confine.python_executable(), "-S", "-s", "-B"]
+        else:
+            cmd = [sys.executable, "-s", "-B"]
         if sys.version_info >= (3, 11):
             cmd.append("-P")
         return cmd + [
             "-m",
-            "whale_lab.harness.host_main",
+            HOST_ENTRY,
             "--in",
             str(req_r),
             "--out",
@@ -232,6 +246,8 @@ class HarnessHost:
         ]
 
     def _env(self) -> dict[str, str]:
+        if self.confinement.confined:
+            return confine.clean_env({"PYTHONPATH": confine.PACKAGE_ROOT})
         return {
             "PATH": os.defpath,
             "PYTHONPATH": _package_root(),
@@ -252,14 +268,24 @@ class HarnessHost:
         """Start a host and load the harness; returns the load reply or raises HarnessLoadError."""
         req_r, req_w = os.pipe()
         resp_r, resp_w = os.pipe()
+        wrapped: confine.Wrapped | None = None
         try:
+            argv, fds = self._command(req_r, resp_w), (req_r, resp_w)
+            if self.confinement.confined:
+                wrapped = confine.wrap(
+                    argv,
+                    bwrap=self.confinement.bwrap,
+                    env=self._env(),
+                    binds=confine.module_binds(HOST_ENTRY),
+                )
+                argv, fds = wrapped.argv, fds + wrapped.pass_fds
             with open(self._stderr_path, "wb") as err:
                 self._proc = subprocess.Popen(
-                    self._command(req_r, resp_w),
+                    argv,
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=err,
-                    pass_fds=(req_r, resp_w),
+                    pass_fds=fds,
                     cwd=self._tmp,
                     env=self._env(),
                     start_new_session=True,
@@ -272,6 +298,8 @@ class HarnessHost:
         finally:
             os.close(req_r)
             os.close(resp_w)
+            if wrapped is not None:
+                wrapped.close()
         self._wfd, self._rfd = req_w, resp_r
         self._buf = bytearray()
         os.set_blocking(self._wfd, False)
@@ -361,8 +389,8 @@ class HarnessHost:
             )
         if rc is None:
             return "crashed", "the harness host stopped answering"
-        if rc < 0:
-            sig = -rc
+        sig = confine.exit_signal(rc, self.confinement.confined)
+        if sig is not None:
             if sig == getattr(signal, "SIGXCPU", -1):
                 return "timeout", (
                     f"the harness host used up its CPU-time limit ({self.sandbox.cpu_seconds}s)"

@@ -6,6 +6,7 @@ the answer is a `ValidationResult` with a readable reason rather than an excepti
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,57 @@ def _chess_boards(domain: Any) -> list[chess_contract.SampleBoard]:
     if isinstance(domain, str) or not callable(render):
         return chess_contract.sample_boards()
     return chess_contract.sample_boards(render)
+
+
+# Replies that name no move. A parser that still returns a legal move for one chose it itself.
+NO_MOVE_REPLIES: tuple[str, ...] = ("I am not sure.", "", "Let me think about the position")
+_LISTED = re.compile(r"\[\s*([a-h][1-8][a-h][1-8][qrbn]?)\s*\]", re.IGNORECASE)
+
+
+def _legal_moves(observation: str) -> set[str]:
+    """The legal moves (UCI) of a sample board: those it lists, and those of its FEN line."""
+    import chess
+
+    moves = {m.lower() for m in _LISTED.findall(observation)}
+    for line in observation.splitlines():
+        if line.startswith("FEN:"):
+            try:
+                moves |= {m.uci() for m in chess.Board(line[4:].strip()).legal_moves}
+            except ValueError:
+                pass
+    return moves
+
+
+def _parsed_move(value: Any) -> str:
+    """The move a parse_action result names, as the chess domain would read it ("" for none)."""
+    if isinstance(value, Mapping) and value.get("type") in ("move", "answer"):
+        value = value.get("move", value.get("value", value.get("content")))
+    return re.sub(r"\s+", "", value).lower() if isinstance(value, str) else ""
+
+
+def _chooser_problems(host: HarnessHost, boards: list[chess_contract.SampleBoard]) -> list[str]:
+    """A parser that returns a legal move for a reply naming none: it plays the puzzle itself.
+
+    Each board is rendered first, so a harness that remembers the position it showed (the way to
+    pick a move from it) is caught too. The engine refuses such moves at run time as well.
+    """
+    path, problems = str(host.path), []
+    for n, (obs, ctx, _) in enumerate(boards, 1):
+        host.render(
+            [{"fields": {}, "history": [{"type": "observation", "observation": obs}], "context": ctx}]
+        )
+        parsed = host.parse([{"response": reply, "context": ctx} for reply in NO_MOVE_REPLIES])
+        legal = _legal_moves(obs)
+        for reply, res in zip(NO_MOVE_REPLIES, parsed, strict=True):
+            move = _parsed_move(res.value) if res.ok else ""
+            if move in legal:
+                problems.append(
+                    f"{path}: parse_action returned the legal move {move} for a reply that names "
+                    f"no move ({reply!r}) on sample board {n}: the harness may parse the model's "
+                    "move, never choose one"
+                )
+                break
+    return problems
 
 
 def _sample_request(domain: Any, max_turns: int) -> dict[str, Any]:
@@ -92,7 +144,8 @@ def validate_harness(
     """AST check, load in the host (constants type-checked there), domain contract, smoke calls.
 
     `domain` is a Domain or its name; the chess domain adds the WHALE chess contract, whose sample
-    boards a chess Domain object renders itself (`sample_observation`).
+    boards a chess Domain object renders itself (`sample_observation`), and a check that the
+    parser returns no move for replies that name none (`NO_MOVE_REPLIES`).
     """
     p = Path(path)
     name = _domain_name(domain)
@@ -119,6 +172,8 @@ def validate_harness(
     with host:
         problems = _smoke(host, domain)
         if name == "chess":
-            problems += chess_contract.check_chess_contract(host, _chess_boards(domain))
+            boards = _chess_boards(domain)
+            problems += chess_contract.check_chess_contract(host, boards)
+            problems += _chooser_problems(host, boards)
         info = host.info
     return ValidationResult(not problems, problems[0] if problems else "", info, tuple(problems))

@@ -17,8 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from whale_lab.harness.ast_check import MAX_SOURCE_CHARS
 from whale_lab.store import atomic_write_json, atomic_write_text, read_json, read_jsonl
 from whale_lab.trace import scrub_trace
+
+# The largest harness file the archive takes: the static check's limit, enforced when written so
+# that an oversized proposal never reaches disk (and the proposer hears why at once).
+MAX_CANDIDATE_CHARS = MAX_SOURCE_CHARS
+TRANSCRIPT_FILE = "proposer_transcript.json"
 
 STATUSES = (
     "proposed",
@@ -57,9 +63,11 @@ One folder per candidate under `candidates/<id>/`:
 | `traces.jsonl` | one episode per line: every prompt, raw model output, parsed action, observation, feedback, stop reason |
 | `status.json` | proposed, invalid, awaiting_review, rejected, approved, evaluated, crashed or accepted |
 | `decision.json` | the review decision and its reason (rejection reasons are meant to be read) |
+| `proposer_transcript.json` | the proposer session that wrote it: requests, replies, tool calls and results (each cut to a cap) |
 
 `summary.md` / `summary.json` list every candidate in one row; `frontier.json` holds success rate vs
 tokens per rollout and the Pareto-optimal candidates. Trace ids are written `<candidate>/<task>#<sample>`.
+`proposer_sessions/iteration-NNN.json` holds each proposer session's transcript, candidates or not.
 """
 
 
@@ -142,6 +150,13 @@ class PhaseArchive:
     def inbox(self) -> Path:
         return self.root / "inbox"
 
+    @property
+    def sessions_dir(self) -> Path:
+        return self.root / "proposer_sessions"
+
+    def session_path(self, iteration: int) -> Path:
+        return self.sessions_dir / f"iteration-{int(iteration):03d}.json"
+
     def folder(self, cid: str) -> Path:
         if not _ID_RE.match(cid):
             raise ArchiveError(f"{cid!r} is not a candidate id (expected c000, c001, ...)")
@@ -180,6 +195,11 @@ class PhaseArchive:
             raise ArchiveError(f"parent {parent_id!r} is not in the archive")
         if not code.strip():
             raise ArchiveError("candidate code is empty")
+        if len(code) > MAX_CANDIDATE_CHARS:
+            raise ArchiveError(
+                f"candidate code is too large ({len(code):,} characters; at most "
+                f"{MAX_CANDIDATE_CHARS:,})"
+            )
         cid = self.next_id()
         folder = self.folder(cid)
         folder.mkdir(parents=True, exist_ok=False)
@@ -189,6 +209,7 @@ class PhaseArchive:
         atomic_write_text(folder / "harness.py", code)
         atomic_write_text(folder / "diff.patch", unified_diff(parent_code, code, parent_id, cid))
         atomic_write_text(folder / "hypothesis.md", hypothesis.strip() + "\n")
+        self._attach_transcript(folder, code, iteration)
         self.set_status(cid, "proposed")
         # meta.json last: its presence marks a complete candidate folder.
         atomic_write_json(
@@ -206,6 +227,35 @@ class PhaseArchive:
             },
         )
         return cid
+
+    def write_session(self, iteration: int, transcript: dict[str, Any]) -> Path:
+        """Keep one proposer session's transcript; candidates added later for the iteration get it."""
+        path = self.session_path(iteration)
+        atomic_write_json(path, transcript)
+        return path
+
+    def _attach_transcript(self, folder: Path, code: str, iteration: int) -> None:
+        """Copy the iteration's session transcript into the candidate folder, if it wrote this code.
+
+        The code is the link: a transcript from another session (an earlier, interrupted try at
+        the same iteration) names other code and is not attached.
+        """
+        data = read_json(self.session_path(iteration), None)
+        if not isinstance(data, dict):
+            return
+        cands = data.get("candidates")
+        if not isinstance(cands, list):
+            return
+        index = next(
+            (
+                i
+                for i, c in enumerate(cands)
+                if isinstance(c, dict) and str(c.get("code", "")).strip() == code.strip()
+            ),
+            None,
+        )
+        if index is not None:
+            atomic_write_json(folder / TRANSCRIPT_FILE, {**data, "candidate_index": index})
 
     def replace_code(self, cid: str, code: str) -> None:
         """A human's edit: keep the proposed file as `harness.proposed.py`, recompute the diff."""

@@ -176,6 +176,10 @@ class HarnessPhase:
             "usage": dict(old.get("usage", {})),
             "finished": bool(old.get("finished", False)),
             "accepted": old.get("accepted"),
+            "reason": str(old.get("reason") or "budget"),
+            # the last HarnessAccepted this phase wrote, and one being written (see _announce)
+            "announced": old.get("announced"),
+            "announcing": old.get("announcing"),
         }
         self._save()
 
@@ -203,8 +207,19 @@ class HarnessPhase:
         iterations = int(iterations or self.cfg.harness_search.iterations)
         if iterations < 1:
             raise HarnessPhaseError("a harness phase needs at least 1 iteration")
+        if iterations == 1:  # iteration 1 only re-scores the incoming harness
+            self.emit(
+                Log(
+                    level="warning",
+                    message="the harness phase budget is 1 iteration: it only re-scores the "
+                    "incoming harness and never calls the proposer (give it 2 or more iterations)",
+                )
+            )
         self._stop = should_stop or _no
         self._load_state(incoming, iterations)
+        if self.state["finished"]:
+            # accepted before the last process ended: the acceptance stands, nothing is redone
+            return self._result("completed", self.state["reason"], self.state["accepted"])
         if not self.archive.ids():
             self._add_incoming(incoming)
         reason = "budget"
@@ -264,6 +279,7 @@ class HarnessPhase:
         )
         self.state["finished"] = True
         self.state["accepted"] = accepted
+        self.state["reason"] = reason
         self._save()
         return self._result("completed", reason, accepted)
 
@@ -656,7 +672,7 @@ class HarnessPhase:
                 self.archive.set_status(rec.id, "evaluated", f"superseded by {chosen}")
         self.archive.set_status(chosen, "accepted", "pinned by a human" if is_pinned else why)
         rec = self.archive.record(chosen)
-        self.emit(
+        self._announce(
             HarnessAccepted(
                 cycle=self.cycle,
                 candidate_id=chosen,
@@ -667,6 +683,37 @@ class HarnessPhase:
         )
         self.archive.write_summary()
         return chosen
+
+    def _announce(self, event: HarnessAccepted) -> None:
+        """Emit an acceptance once: not again when it is the phase's last one already written.
+
+        The phase can accept more than once (at a stop or a switch, then at its end), and a
+        process killed after the event was written but before the phase recorded its end accepts
+        again on resume. The candidate is marked `announcing` before the write and `announced`
+        after it; a resumed phase that finds `announcing` set reads the event log to tell
+        whether the write happened before the kill.
+        """
+        cid = event.candidate_id
+        if self.state.get("announced") == cid:
+            return
+        if self.state.get("announcing") != cid or not self._logged(event):
+            self.state["announcing"] = cid
+            self._save()
+            self.emit(event)
+        self.state["announced"], self.state["announcing"] = cid, None
+        self._save()
+
+    def _logged(self, event: HarnessAccepted) -> bool:
+        """Whether the run's last HarnessAccepted is `event` (same cycle, candidate and file)."""
+        last = None
+        for ev in RunStore.read_events(self.store.root):
+            if isinstance(ev, HarnessAccepted):
+                last = ev
+        if last is None or (last.cycle, last.candidate_id) != (event.cycle, event.candidate_id):
+            return False
+        # the same file, compared from the phase folder down (<phase>/candidates/<id>/harness.py)
+        # so that a run folder moved between the two processes still matches
+        return Path(last.path).parts[-4:] == Path(event.path).parts[-4:]
 
     def _result(
         self, status: str, reason: str, accepted: str | None, pending: tuple[str, ...] = ()

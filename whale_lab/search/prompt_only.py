@@ -1,7 +1,10 @@
-"""The prompt-only check (the paper's FST control): only the prompt text may differ from the parent.
+"""The prompt-only check (the paper's FST control): only the prompt text may differ from h0.
 
-Both files are parsed; top-level assignments of `SYSTEM_PROMPT` and `USER_PROMPT` to string
-constants are blanked; the rest must be the same AST. Comments and formatting do not count.
+A candidate is compared with the phase's starting harness (its h0), not with its parent, so a chain
+of small edits cannot drift away from it. Both files are parsed; top-level assignments of
+`SYSTEM_PROMPT` and `USER_PROMPT` to string constants are blanked, docstrings are masked, and every
+annotated assignment is compared as a plain one (annotations never change behaviour here); the
+rest must be the same AST. Comments and formatting do not count.
 """
 
 from __future__ import annotations
@@ -17,7 +20,20 @@ class _Blank(ast.NodeTransformer):
     def __init__(self) -> None:
         self.problems: list[str] = []
 
+    def generic_visit(self, node: ast.AST) -> ast.AST:
+        node = super().generic_visit(node)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            node.body = _without_docstring(node.body) or [ast.Pass()]
+        return node
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> ast.AST:
+        node = self.generic_visit(node)  # type: ignore[assignment]
+        if node.value is None:  # a bare annotation binds nothing
+            return ast.Pass()
+        return ast.Assign(targets=[node.target], value=node.value, lineno=node.lineno)
+
     def visit_Module(self, node: ast.Module) -> ast.Module:
+        node.body = _without_docstring(node.body)
         body = []
         for stmt in node.body:
             name, value = _prompt_assignment(stmt)
@@ -31,8 +47,19 @@ class _Blank(ast.NodeTransformer):
                 body.append(stmt)
                 continue
             # A prompt may be added, changed or removed: drop the assignment from the comparison.
-        node.body = body
+        node.body = [self.visit(stmt) for stmt in body]
         return node
+
+
+def _without_docstring(body: list[ast.stmt]) -> list[ast.stmt]:
+    if (
+        body
+        and isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant)
+        and isinstance(body[0].value.value, str)
+    ):
+        return body[1:]
+    return body
 
 
 def _prompt_assignment(stmt: ast.stmt) -> tuple[str | None, ast.expr | None]:
@@ -55,11 +82,12 @@ def _describe(stmt: ast.stmt) -> str:
 
 
 def prompt_only_violation(parent_code: str, code: str) -> str | None:
-    """None when only SYSTEM_PROMPT / USER_PROMPT text differs; otherwise a readable reason."""
+    """None when only SYSTEM_PROMPT / USER_PROMPT text differs from `parent_code` (the phase's h0);
+    otherwise a readable reason."""
     try:
         old = ast.parse(parent_code)
     except SyntaxError as exc:
-        return f"the parent does not parse (line {exc.lineno}): {exc.msg}"
+        return f"h0 does not parse (line {exc.lineno}): {exc.msg}"
     try:
         new = ast.parse(code)
     except SyntaxError as exc:
@@ -82,12 +110,12 @@ def prompt_only_violation(parent_code: str, code: str) -> str | None:
             )
         if i >= len(b):
             return (
-                f"prompt-only mode: {_describe(old.body[i])} of the parent was removed; only "
+                f"prompt-only mode: {_describe(old.body[i])} of h0 was removed; only "
                 f"{' and '.join(PROMPT_CONSTANTS)} may change"
             )
         if a[i] != b[i]:
             return (
-                f"prompt-only mode: {_describe(new.body[i])} differs from the parent; only "
+                f"prompt-only mode: {_describe(new.body[i])} differs from h0; only "
                 f"{' and '.join(PROMPT_CONSTANTS)} may change"
             )
-    return "prompt-only mode: the code differs from the parent outside the prompt constants"
+    return "prompt-only mode: the code differs from h0 outside the prompt constants"

@@ -87,7 +87,14 @@ def status_line(view: RunView, *, state: str, fallback: dict[str, str]) -> Text:
     _kv(t, "domain", view.domain or fallback.get("domain", "?"))
     t.append("  ")
     _kv(t, "schedule", view.schedule or fallback.get("schedule", "?"))
+    if view.weight_sync:
+        t.append("  ")
+        _kv(t, "weights", view.weight_sync, style=SYNC_STYLE.get(view.weight_sync, ""))
     return t
+
+
+# The served policy checked against the trained one after the last publish.
+SYNC_STYLE = {"verified": "bold green", "unverified": "bold yellow", "skipped": "dim"}
 
 
 UNIT_SHORT = {"epochs": "ep", "iterations": "it"}

@@ -224,6 +224,9 @@ class RunView:
     phase_marks: list[tuple[int, str, int]] = field(default_factory=list)
     cycles: dict[int, CycleRow] = field(default_factory=dict)
     weight_steps: list[WeightStep] = field(default_factory=list)  # current weight phase only
+    # the last weight sync check: "verified" | "unverified" | "skipped" ("" before any)
+    weight_sync: str = ""
+    weight_sync_note: str = ""
     last_checkpoint: str = ""
     candidates: dict[str, CandidateInfo] = field(default_factory=dict)
     reviews: dict[str, ReviewEntry] = field(default_factory=dict)
@@ -428,6 +431,11 @@ class RunView:
 
     def _weight_step(self, ev: WeightStep) -> set[str]:
         self.weight_steps.append(ev)
+        sync = str(getattr(ev, "sync", "") or "")
+        if sync:
+            self.weight_sync = sync
+            self.weight_sync_note = str(getattr(ev, "sync_note", "") or "")
+            return {"accuracy", "status"}
         return {"accuracy"}
 
     def _checkpoint(self, ev: CheckpointSaved) -> set[str]:

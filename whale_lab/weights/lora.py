@@ -65,14 +65,41 @@ class TrainableModel:
         return folder
 
 
-def _linear_module_names(model: Any) -> list[str]:
+def _linear_modules(model: Any) -> list[str]:
+    """Full names of the layers LoRA can wrap: torch Linear, and transformers' Conv1D (GPT-2)."""
     import torch
 
-    names = set()
-    for name, mod in model.named_modules():
-        if isinstance(mod, torch.nn.Linear):
-            names.add(name.rsplit(".", 1)[-1])
-    return sorted(names)
+    return [
+        name
+        for name, mod in model.named_modules()
+        if name and (isinstance(mod, torch.nn.Linear) or type(mod).__name__ == "Conv1D")
+    ]
+
+
+def _linear_module_names(model: Any) -> list[str]:
+    return sorted({name.rsplit(".", 1)[-1] for name in _linear_modules(model)})
+
+
+_SHOWN_NAMES = 8  # a 70B model has hundreds of layers; a few real names are enough to fix a typo
+
+
+def check_target_modules(model: Any, targets: tuple[str, ...] | list[str]) -> None:
+    """Every `model.lora.target_modules` entry names a linear layer of `model`, as peft matches
+    it (the last part of the name, or a dotted tail such as `self_attn.q_proj`), checked as the
+    model loads; otherwise a one-line WeightsError listing a few real names."""
+    full = _linear_modules(model)
+    names = _linear_module_names(model)
+    missing = [
+        t for t in targets if not any(n == t or n.endswith("." + t) for n in full)
+    ]
+    if not missing and targets:
+        return
+    shown = ", ".join(names[:_SHOWN_NAMES])
+    more = f" and {len(names) - _SHOWN_NAMES} more" if len(names) > _SHOWN_NAMES else ""
+    raise WeightsError(
+        f"model.lora.target_modules: {missing or '[]'} not found in the model; "
+        f"its linear layers are named: {shown or '(none)'}{more}"
+    )
 
 
 # Models already prepared for training, so that a second phase on the same backend reuses the
@@ -112,16 +139,10 @@ def attach(model: Any, tokenizer: Any, cfg: Config) -> TrainableModel:
         tm = TrainableModel(model=model, base=model, tokenizer=tokenizer, lora=False)
         _ATTACHED[model] = tm
         return tm
+    lc = cfg.model.lora
+    check_target_modules(model, lc.target_modules)  # before importing peft: a typo fails fast
     from peft import LoraConfig, get_peft_model
 
-    lc = cfg.model.lora
-    available = _linear_module_names(model)
-    missing = [m for m in lc.target_modules if m not in available]
-    if missing or not lc.target_modules:
-        raise WeightsError(
-            f"model.lora.target_modules: {missing or '[]'} not found in the model; "
-            f"its linear layers are named: {', '.join(available)}"
-        )
     for p in model.parameters():
         p.requires_grad_(False)
     config = LoraConfig(

@@ -11,6 +11,10 @@ weights serve the very next rollouts:
   a local copy of the base model is trained, the adapter is saved after each update and loaded
   into the server as `step-<n>` before the next rollouts.
 
+After every publish the backend's greedy log-probabilities on a few probe prompts are checked
+against the trainer's new and previous weights (`weights/sync.py`): a backend that does not
+generate with the new weights stops the run; each `weight_step` records the outcome.
+
 After every completed step a resume point (weights, optimizer state, sampler position, phase
 state) is written, so a run killed at any moment resumes from its last completed step.
 """
@@ -43,6 +47,7 @@ from whale_lab.weights.checkpoint import Checkpointer, CheckpointError
 from whale_lab.weights.lora import TrainableModel, WeightsError, attach, load_adapter_weights
 from whale_lab.weights.sampler import PromptSampler
 from whale_lab.weights.sft import SftStats, accept, build_examples, end_token_id, sft_pass
+from whale_lab.weights.sync import SKIPPED, UNVERIFIED, SyncResult, WeightSync
 
 STATE_VERSION = 1
 StopWhen = Callable[[Sequence[WeightStep]], bool]
@@ -134,6 +139,11 @@ class RsftPhase:
         self._served: str | None = None  # adapter name the server currently generates with
         self.last_publish_seconds = 0.0
         self.last_sft: SftStats | None = None
+        encode = getattr(self.backend, "encode_chat", None) if self.mode == "in_place" else None
+        self.sync = WeightSync(self.tm, encode=encode)
+        self.last_sync: SyncResult | None = None
+        self.served_version = self._version_now()
+        self._noted: set[str] = set()  # notes (unverified sync, re-encoded turns) already logged
 
     # ------------------------------------------------------------------ setup
     def _trainable(self) -> tuple[TrainableModel, str]:
@@ -149,11 +159,13 @@ class RsftPhase:
                     "only take new weights as a LoRA adapter; use LoRA (model.lora.enabled = true) "
                     "or the hf backend"
                 )
+            from whale_lab.devices import resolve_device
             from whale_lab.models import load_model_and_tokenizer
 
+            device = resolve_device(self.cfg.model.device)  # checked before a long load
             try:
                 model, tok = load_model_and_tokenizer(
-                    self.cfg.model.path, dtype=self.cfg.model.dtype, device=self.cfg.model.device
+                    self.cfg.model.path, dtype=self.cfg.model.dtype, device=device
                 )
             except BackendError:
                 raise
@@ -166,6 +178,11 @@ class RsftPhase:
             f"the {getattr(be, 'name', type(be).__name__)} backend cannot serve trained weights: "
             "it exposes neither its model (hf) nor load_adapter (openai/vLLM)"
         )
+
+    def _version_now(self) -> str:
+        """What the backend serves before any publish of this object: the base model, or the
+        weights this phase holds (resumed, adopted or given) under the step they belong to."""
+        return "base" if self.updates == 0 else f"step-{self.step}"
 
     def _eval_interval(self) -> float:
         """Prompts between evaluations (eval_every is a fraction of an epoch)."""
@@ -338,9 +355,10 @@ class RsftPhase:
         stats = self.update(kept, seed=_mix_seed(self.cfg.run.seed, n, 7))
         self.step = n
         self.rollouts += len(traces)
+        sync: SyncResult | None = None
         if stats.minibatches - stats.skipped_nonfinite > 0:
             self.updates += 1
-            self.publish()
+            sync = self.publish()
         rewards = [t.reward for t in traces]
         ev = WeightStep(
             cycle=self.cycle,
@@ -354,6 +372,12 @@ class RsftPhase:
             grad_norm=stats.grad_norm,
             step_seconds=round(time.perf_counter() - t0, 4),
             rollouts=len(traces),
+            served_version=self.served_version,
+            fingerprint=self.last_sync.fingerprint if self.last_sync is not None else "",
+            sync=sync.status if sync is not None else SKIPPED,
+            sync_distance=sync.distance if sync is not None else None,
+            sync_note=sync.note if sync is not None else "",
+            reencoded_turns=stats.reencoded_turns,
         )
         assert self._phase is not None
         self._phase["history"].append({k: v for k, v in ev.to_dict().items() if k != "type"})
@@ -381,6 +405,8 @@ class RsftPhase:
             max_length=self.cfg.model.max_context_tokens,
             encode=encode,
         )
+        if examples:
+            self.sync.remember()  # what the backend serves until the publish after this update
         stats = sft_pass(
             self.tm.model,
             self.optimizer,
@@ -393,22 +419,67 @@ class RsftPhase:
         )
         self.tm.eval()
         self.last_sft = stats
+        if stats.reencoded_turns:
+            self._note(
+                f"weight step {self.step + 1}: {stats.reencoded_turns} of {stats.examples} trained "
+                f"turns were re-encoded from their text: the {getattr(self.backend, 'name', '?')} "
+                "backend returned no sampled token ids",
+                key="reencoded",
+            )
         return stats
 
     # ------------------------------------------------------------------ serving new weights
-    def publish(self, initial: bool = False) -> None:
-        """Make the current weights the ones the backend generates with (adapter backends)."""
+    def publish(self, initial: bool = False) -> SyncResult | None:
+        """Make the current weights the ones the backend generates with (adapter backends), then
+        check that it does (`WeightSyncError` if not); the check's result, None when nothing was
+        published. `initial`: serve weights this object already holds (resumed, given) once."""
         if self.mode != "adapter":
             self.last_publish_seconds = 0.0  # in place: the backend already holds these weights
-            return
+            if initial:
+                return None
+            self.served_version = f"step-{self.step}"
+            return self._verify(adapter="", baseline=False)
         if initial and (self._served is not None or self.updates == 0):
-            return
+            return None
         t0 = time.perf_counter()
         path = self.ckpt.save_served(self.step, self.tm)
         name = f"step-{self.step}"  # a name the server already holds is replaced by the backend
         self.backend.load_adapter(str(path), name=name)  # type: ignore[attr-defined]
         self._served = name
+        self.served_version = name
         self.last_publish_seconds = time.perf_counter() - t0
+        # a first publish replaces what a fresh server starts with: the base model
+        result = self._verify(adapter=name, baseline=initial)
+        if initial:  # no weight_step carries this check: say it here
+            self.emit(
+                Log(
+                    level="info",
+                    message=f"weights {name} published to the {getattr(self.backend, 'name', '?')} "
+                    f"backend: sync {result.status}"
+                    + (f" ({result.note})" if result.note else ""),
+                )
+            )
+        return result
+
+    def _verify(self, *, adapter: str, baseline: bool) -> SyncResult:
+        result = self.sync.check(
+            self.backend, served_version=self.served_version, adapter=adapter, baseline=baseline
+        )
+        self.last_sync = result
+        if result.status == UNVERIFIED:
+            self._note(
+                f"weight sync unverified for {self.served_version} on the "
+                f"{getattr(self.backend, 'name', '?')} backend: {result.note}",
+                key="sync:" + " ".join(result.note.split()[:4]),  # the kind, not its numbers
+            )
+        return result
+
+    def _note(self, message: str, *, key: str) -> None:
+        """A log line the first time a kind of note comes up in this phase object, not each step."""
+        if key in self._noted:
+            return
+        self._noted.add(key)
+        self.emit(Log(level="warning", message=message))
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(
@@ -534,6 +605,8 @@ class RsftPhase:
             "lora": self.tm.lora,
             "init_adapter": self.init_adapter,
             "resume_dir": self._resume_dir,
+            "served_version": self.served_version,
+            "sync": None if self.last_sync is None else self.last_sync.to_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -572,6 +645,9 @@ class RsftPhase:
         self.init_adapter = str(state.get("init_adapter", ""))
         self._resume_dir = resume_dir
         self._served = None
+        self.served_version = self._version_now()
+        saved_sync = state.get("sync")
+        self.last_sync = SyncResult.from_dict(saved_sync) if isinstance(saved_sync, dict) else None
         self.tm.eval()
 
     def resume(self) -> bool:

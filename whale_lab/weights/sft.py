@@ -4,6 +4,12 @@ Every turn of an accepted trace becomes one example: the messages the model saw 
 through the chat template with the generation prompt, form the masked prefix; the model's own
 response (plus the end token when it stopped by itself) is the target. Only target tokens carry
 loss, so the model never learns to produce system, user, tool or feedback text.
+
+The target is the token ids the backend sampled (`TurnRecord.token_ids`): text -> ids is not the
+inverse of ids -> text on real tokenizers, so re-encoding the response would train on sequences
+the model never produced. Only a turn recorded without ids (a backend that returns none, or a
+trace written before ids were kept) is re-encoded from its text; `SftStats.reencoded_turns`
+counts those.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ class SftExample:
     input_ids: tuple[int, ...]
     labels: tuple[int, ...]
     task_id: str = ""
+    reencoded: bool = False  # the target came from re-encoding the response text, not sampled ids
 
     @property
     def n_target(self) -> int:
@@ -49,6 +56,7 @@ class SftStats:
     minibatches: int
     skipped_nonfinite: int
     seconds: float
+    reencoded_turns: int = 0  # examples whose target was re-encoded from text (no sampled ids)
 
 
 def accept(traces: Sequence[EpisodeTrace], threshold: float) -> list[EpisodeTrace]:
@@ -89,14 +97,20 @@ def turn_example(
     """One example from one turn, or None when the turn has nothing to learn (error, empty).
 
     `encode` renders the prompt exactly as the serving backend does (default: `render_prefix`).
+    The target is the sampled ids, plus the end token when the generation stopped.
     """
     if turn.finish_reason == "error":
         return None
     prefix = (
         list(encode(turn.prompt)) if encode is not None else render_prefix(tokenizer, turn.prompt)
     )
-    target = list(tokenizer(turn.response, add_special_tokens=False)["input_ids"])
-    if turn.finish_reason == "stop":
+    reencoded = turn.token_ids is None
+    if reencoded:
+        target = list(tokenizer(turn.response, add_special_tokens=False)["input_ids"])
+    else:
+        target = [int(t) for t in turn.token_ids or ()]
+    # a backend that kept the end token in its ids has already put it there
+    if turn.finish_reason == "stop" and (reencoded or not target or target[-1] != eos_id):
         target.append(eos_id)
     if not target:
         return None
@@ -106,7 +120,7 @@ def turn_example(
         prefix = prefix[len(prefix) + len(target) - max_length :]  # keep the recent context
     ids = tuple(prefix + target)
     labels = tuple([IGNORE_INDEX] * len(prefix) + target)
-    return SftExample(ids, labels, task_id)
+    return SftExample(ids, labels, task_id, reencoded)
 
 
 def build_examples(
@@ -213,6 +227,7 @@ def sft_pass(
     t0 = time.perf_counter()
     if not examples:
         return SftStats(None, 0, 0, None, 0, 0, 0, 0.0)
+    reencoded = sum(1 for e in examples if e.reencoded)
     if params is None:
         params = [p for p in model.parameters() if p.requires_grad]
     if device is None:
@@ -267,4 +282,5 @@ def sft_pass(
         minibatches=steps,
         skipped_nonfinite=skipped,
         seconds=time.perf_counter() - t0,
+        reencoded_turns=reencoded,
     )

@@ -1,4 +1,8 @@
-"""Proposers for the harness phase: rules (offline default), llm, manual, claude-code."""
+"""Proposers for the harness phase: rules (offline default), llm, manual, claude-code, replay.
+
+`proposer.replay` set to a recorded phase archive or run folder replaces whatever
+`proposer.kind` says with the replay of its sessions (`proposers/replay.py`).
+"""
 
 from __future__ import annotations
 
@@ -59,6 +63,10 @@ PROPOSERS: dict[str, Callable[[Config], Proposer]] = {
 
 def make_proposer(cfg: Config) -> Proposer:
     """The proposer named by `proposer.kind`; a bad setting raises ValueError with the key."""
+    if cfg.proposer.replay.strip():
+        from whale_lab.search.proposers.replay import ReplayProposer
+
+        return ReplayProposer(cfg.proposer.replay.strip())
     kind = cfg.proposer.kind
     factory = PROPOSERS.get(kind)
     if factory is None:

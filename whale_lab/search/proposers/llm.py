@@ -2,18 +2,29 @@
 
 The model gets the proposer instructions and four function tools confined to the phase archive:
 list_files, read_file (offset/limit in lines), grep, and write_candidate. Paths with `..`, absolute
-paths and symlinks that lead outside the archive are refused. A session has a budget (tool calls,
-tokens, wall time); HTTP faults (timeouts, 5xx, 429, malformed JSON, empty choices) are retried
-with backoff, and a session that still fails is recorded with its reason: the phase goes on.
+paths and symlinks that lead outside the archive are refused, and so is every file that is not a
+regular file with one name (a hard link may be a file outside the archive; a fifo would block).
+A candidate over the archive's size cap is refused when written, with the reason.
+
+A session has budgets that hold against a hostile or broken endpoint: tool calls (checked before
+every call, so one reply with thousands of calls runs only what is left), tokens (each request asks
+for at most `request_max_tokens`, and less when the session budget has less room), wall time (one
+deadline per request that covers the whole body read), and request size. HTTP faults are retried;
+a timed-out request is cancelled and the retry waits until the server answers again
+(`chat_client` says how). A session that still fails is recorded with its reason: the phase goes on.
+Every session's transcript is kept in the archive (`transcript`), which `proposer.replay` replays.
 """
 
 from __future__ import annotations
 
 import ast
+import errno
 import json
 import os
 import re
+import stat
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
@@ -21,7 +32,7 @@ from typing import Any
 import httpx
 
 from whale_lab.config import ProposerConfig
-from whale_lab.search.archive import SURFACES, PhaseArchive
+from whale_lab.search.archive import MAX_CANDIDATE_CHARS, SURFACES, PhaseArchive
 from whale_lab.search.instructions import proposer_instructions
 from whale_lab.search.proposers.base import (
     ProposalRequest,
@@ -29,6 +40,8 @@ from whale_lab.search.proposers.base import (
     ProposedCandidate,
     ProposerUsageRecord,
 )
+from whale_lab.search.proposers.chat_client import ChatClient, ProposerHTTPError, RequestTooLarge
+from whale_lab.search.proposers.transcript import Transcript
 from whale_lab.search.surfaces import changed_surfaces
 
 MAX_READ_LINES = 400
@@ -41,8 +54,7 @@ class ToolError(Exception):
     """A tool call the model got wrong; its message goes back to the model."""
 
 
-class ProposerHTTPError(RuntimeError):
-    """The endpoint kept failing after retries."""
+__all__ = ["ArchiveTools", "LLMProposer", "ProposerHTTPError", "ToolError", "TOOL_SPECS"]
 
 
 # ---------------------------------------------------------------------------- tools
@@ -88,16 +100,64 @@ class ArchiveTools:
             return False
         return r == self.root or self.root in r.parents
 
+    @staticmethod
+    def _refusal(st: os.stat_result, shown: str) -> str:
+        """Why a file may not be read ('' when it may): only regular files with one name."""
+        if stat.S_ISDIR(st.st_mode):
+            return ""
+        if not stat.S_ISREG(st.st_mode):
+            return f"refused {shown!r}: not a regular file (device, fifo or socket)"
+        if st.st_nlink > 1:
+            return (
+                f"refused {shown!r}: a hard link ({st.st_nlink} names); its other name may be "
+                "outside the archive"
+            )
+        return ""
+
+    def _readable(self, p: Path) -> bool:
+        """A child worth listing or searching: inside, and a folder or a plain one-name file."""
+        if not self._inside(p):
+            return False
+        try:
+            st = p.stat()
+        except OSError:
+            return False
+        return not self._refusal(st, p.name)
+
+    def _open(self, target: Path, shown: str) -> tuple[int, os.stat_result]:
+        """An fd of a regular one-name file, checked on the open file itself (no swap between)."""
+        flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+        try:
+            fd = os.open(target, flags)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise ToolError(f"refused {shown!r}: a symlink") from None
+            if exc.errno == errno.ENOENT:
+                raise ToolError(f"{shown!r} does not exist") from None
+            raise ToolError(f"cannot read {shown!r}: {exc.strerror}") from None
+        st = os.fstat(fd)
+        why = "" if not stat.S_ISDIR(st.st_mode) else f"{shown!r} is not a file"
+        why = why or self._refusal(st, shown)
+        if why:
+            os.close(fd)
+            raise ToolError(why)
+        return fd, st
+
     def list_files(self, path: str = ".") -> str:
         target = self.resolve(path)
-        if not target.exists():
-            raise ToolError(f"{path!r} does not exist")
-        if target.is_file():
-            return f"{self._rel(target)} ({target.stat().st_size} bytes)"
+        try:
+            st = target.stat()
+        except OSError:
+            raise ToolError(f"{path!r} does not exist") from None
+        why = self._refusal(st, path)
+        if why:
+            raise ToolError(why)
+        if not stat.S_ISDIR(st.st_mode):
+            return f"{self._rel(target)} ({st.st_size} bytes)"
         lines = []
         base = self._rel(target)
         for child in sorted(target.iterdir(), key=lambda c: c.name):
-            if child.name.startswith(".") or not self._inside(child):
+            if child.name.startswith(".") or not self._readable(child):
                 continue
             rel = child.name if base == "." else f"{base}/{child.name}"
             if child.is_dir():
@@ -108,14 +168,18 @@ class ArchiveTools:
 
     def read_file(self, path: str, offset: int = 0, limit: int = MAX_READ_LINES) -> str:
         target = self.resolve(path)
-        if not target.is_file():
-            raise ToolError(f"{path!r} is not a file")
         try:
             offset = max(0, int(offset or 0))
             limit = max(1, min(int(limit or MAX_READ_LINES), MAX_READ_LINES * 4))
         except (TypeError, ValueError):
             raise ToolError("offset and limit must be integers (lines)") from None
-        with open(target, encoding="utf-8", errors="replace") as fh:
+        if target.is_dir():
+            raise ToolError(f"{path!r} is not a file")
+        fd, st = self._open(target, path)
+        if st.st_size > MAX_FILE_BYTES:
+            os.close(fd)
+            raise ToolError(f"{path!r} is too large to read ({st.st_size:,} bytes)")
+        with open(fd, encoding="utf-8", errors="replace") as fh:
             lines = fh.readlines()
         chunk = lines[offset : offset + limit]
         text = "".join(chunk)
@@ -132,14 +196,23 @@ class ArchiveTools:
         except re.error as exc:
             raise ToolError(f"bad regular expression {pattern!r}: {exc}") from None
         target = self.resolve(path)
-        files = [target] if target.is_file() else sorted(self._walk(target))
+        if target.is_dir():
+            files = sorted(self._walk(target))
+        else:
+            os.close(self._open(target, path)[0])  # the same refusals as read_file, with reasons
+            files = [target]
         hits: list[str] = []
         cap = max(1, min(int(max_results or MAX_GREP_RESULTS), 500))
         for f in files:
-            if f.stat().st_size > MAX_FILE_BYTES:
+            try:
+                fd, st = self._open(f, self._rel(f))
+            except ToolError:
+                continue
+            if st.st_size > MAX_FILE_BYTES:
+                os.close(fd)
                 continue
             try:
-                with open(f, encoding="utf-8", errors="replace") as fh:
+                with open(fd, encoding="utf-8", errors="replace") as fh:
                     for n, line in enumerate(fh, 1):
                         if rx.search(line):
                             text = line.rstrip("\n")
@@ -154,16 +227,16 @@ class ArchiveTools:
                 continue
         return "\n".join(hits) if hits else "(no matches)"
 
-    def _walk(self, folder: Path):
+    def _walk(self, folder: Path) -> Iterator[Path]:
         for child in folder.iterdir():
-            if child.name.startswith(".") or not self._inside(child):
+            if child.name.startswith(".") or not self._readable(child):
                 continue
             if child.is_symlink() and child.is_dir():
                 continue
             if child.is_dir():
                 yield from self._walk(child)
-            elif child.is_file():
-                yield child
+            else:
+                yield child.resolve()
 
 
 TOOL_SPECS: list[dict[str, Any]] = [
@@ -278,69 +351,51 @@ class LLMProposer:
             )
         self.cfg = cfg
         self.backoff_s = backoff_s
-        self.url = cfg.base_url.rstrip("/") + "/chat/completions"
-        headers = {"Content-Type": "application/json"}
+        headers: dict[str, str] = {}
         key = os.environ.get(cfg.api_key_env, "") if cfg.api_key_env else ""
         if key:
             headers["Authorization"] = f"Bearer {key}"
-        self._client = httpx.Client(headers=headers, transport=transport)
+        self.client = ChatClient(
+            cfg.base_url,
+            headers=headers,
+            request_timeout_s=cfg.request_timeout_s,
+            max_retries=cfg.max_retries,
+            concurrency=cfg.concurrency,
+            backoff_s=backoff_s,
+            transport=transport,
+        )
+        self.url = self.client.url
 
     def close(self) -> None:
-        self._client.close()
-
-    # ------------------------------------------------------------------ HTTP
-    def _post(self, payload: dict[str, Any], deadline: float) -> dict[str, Any]:
-        """One chat completion with retries; raises ProposerHTTPError when it keeps failing."""
-        last = ""
-        attempts = self.cfg.max_retries + 1
-        for attempt in range(attempts):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise ProposerHTTPError(
-                    f"wall-time budget spent while calling {self.url}"
-                    + (f" (last error: {last})" if last else "")
-                )
-            timeout = min(self.cfg.request_timeout_s, remaining)
-            retry = True
-            try:
-                resp = self._client.post(self.url, json=payload, timeout=timeout)
-                if resp.status_code >= 500 or resp.status_code == 429:
-                    last = f"HTTP {resp.status_code}: {resp.text[:200]}"
-                elif resp.status_code >= 400:
-                    last = f"HTTP {resp.status_code}: {resp.text[:300]}"
-                    retry = False
-                else:
-                    try:
-                        data = resp.json()
-                    except ValueError:
-                        last = f"malformed JSON in the response: {resp.text[:120]!r}"
-                    else:
-                        if not isinstance(data, dict):
-                            last = "the response is not a JSON object"
-                        elif not data.get("choices"):
-                            last = "the response has no choices"
-                        else:
-                            return data
-            except httpx.TimeoutException:
-                last = f"timed out after {timeout:.1f}s"
-            except httpx.TransportError as exc:
-                last = f"cannot reach {self.url}: {exc}"
-            if not retry:
-                break
-            if attempt + 1 < attempts:
-                pause = min(self.backoff_s * (2**attempt), max(0.0, deadline - time.monotonic()))
-                time.sleep(pause)
-        raise ProposerHTTPError(
-            f"{self.url}: {last} (after {attempt + 1} attempt{'s' if attempt else ''})"
-        )
+        self.client.close()
 
     # ------------------------------------------------------------------ loop
     def propose(self, request: ProposalRequest) -> ProposalSession:
         t0 = time.monotonic()
         deadline = t0 + self.cfg.max_seconds
+        abandoned = self.client.abandoned
         tools = ArchiveTools(request.archive.root)
         sess = _Session(request.archive, request.n, request.default_parent)
         usage = _Usage()
+        transcript = Transcript(
+            self.name,
+            model=self.cfg.model,
+            base_url=self.cfg.base_url,
+            domain=request.domain,
+            cycle=request.cycle,
+            iteration=request.iteration,
+            n=request.n,
+            default_parent=request.default_parent,
+            prompt_only=request.prompt_only,
+            settings={
+                "request_max_tokens": self.cfg.request_max_tokens,
+                "max_tokens": self.cfg.max_tokens,
+                "max_tool_calls": self.cfg.max_tool_calls,
+                "max_seconds": self.cfg.max_seconds,
+                "request_timeout_s": self.cfg.request_timeout_s,
+                "concurrency": self.cfg.concurrency,
+            },
+        )
         messages: list[dict[str, Any]] = [
             {
                 "role": "system",
@@ -369,14 +424,27 @@ class LLMProposer:
             if time.monotonic() >= deadline:
                 note = f"wall-time budget ({self.cfg.max_seconds:.0f}s) spent"
                 break
+            reply_tokens = self._reply_tokens(usage, messages)
+            if reply_tokens < 1:
+                note = f"token budget ({self.cfg.max_tokens}) spent (no room for another reply)"
+                break
             payload = {
                 "model": self.cfg.model,
                 "messages": messages,
                 "tools": TOOL_SPECS,
                 "tool_choice": "auto",
+                "max_tokens": reply_tokens,
             }
+            index = usage.requests
+            transcript.request(index, payload, len(json.dumps(payload, ensure_ascii=False)))
+            def fault(message: str, i: int = index) -> None:
+                transcript.add("fault", request=i, message=message)
+
             try:
-                data = self._post(payload, deadline)
+                data = self.client.complete(payload, deadline, log=fault)
+            except RequestTooLarge as exc:
+                note = str(exc)
+                break
             except ProposerHTTPError as exc:
                 error = str(exc)
                 break
@@ -387,6 +455,7 @@ class LLMProposer:
             if not isinstance(msg, dict):
                 error = "the endpoint returned a choice without a message"
                 break
+            transcript.reply(index, data, msg)
             calls = msg.get("tool_calls") or []
             if not isinstance(calls, list):
                 calls = []
@@ -409,14 +478,29 @@ class LLMProposer:
                     }
                 )
                 continue
+            ran = 0
             for call in calls:
+                # The budgets are checked before every call, not once per reply: a reply may
+                # carry any number of calls.
+                if usage.tool_calls >= self.cfg.max_tool_calls or time.monotonic() >= deadline:
+                    break
                 usage.tool_calls += 1
+                ran += 1
                 result = self._run_tool(call, tools, sess)
-                messages.append(
-                    {"role": "tool", "tool_call_id": str(call.get("id", "")), "content": result}
-                )
+                transcript.tool(index, call, result)
+                call_id = call.get("id", "") if isinstance(call, dict) else ""
+                messages.append({"role": "tool", "tool_call_id": str(call_id), "content": result})
                 if len(sess.candidates) >= request.n:
                     break
+            if ran < len(calls) and len(sess.candidates) < request.n:
+                if usage.tool_calls >= self.cfg.max_tool_calls:
+                    note = (
+                        f"tool-call budget ({self.cfg.max_tool_calls}) spent: the last reply "
+                        f"asked for {len(calls)} calls, {ran} ran"
+                    )
+                else:
+                    note = f"wall-time budget ({self.cfg.max_seconds:.0f}s) spent"
+                break
         if not sess.candidates and not error and not note:
             note = "the session wrote no candidate"
         cost = (
@@ -425,19 +509,39 @@ class LLMProposer:
         ) / 1e6
         if usage.estimated:
             note = (note + "; " if note else "") + "token counts estimated (endpoint sent no usage)"
-        return ProposalSession(
-            candidates=tuple(sess.candidates),
-            usage=ProposerUsageRecord(
-                prompt_tokens=usage.prompt_tokens,
-                completion_tokens=usage.completion_tokens,
-                cost=cost,
-                seconds=time.monotonic() - t0,
-                tool_calls=usage.tool_calls,
-                requests=usage.requests,
-            ),
-            note=note,
-            error=error,
+        transcript.header["timed_out_requests"] = self.client.abandoned - abandoned
+        record = ProposerUsageRecord(
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            cost=cost,
+            seconds=time.monotonic() - t0,
+            tool_calls=usage.tool_calls,
+            requests=usage.requests,
         )
+        candidates = tuple(sess.candidates)
+        self._keep_transcript(
+            request,
+            transcript.to_dict(candidates=candidates, usage=record, note=note, error=error),
+        )
+        return ProposalSession(candidates=candidates, usage=record, note=note, error=error)
+
+    def _reply_tokens(self, usage: _Usage, messages: list[dict[str, Any]]) -> int:
+        """`max_tokens` for the next request: the configured cap, within the session's budget.
+
+        The prompt's size is estimated (4 characters a token) before it is sent, so the session
+        cannot overshoot its token budget by a whole reply.
+        """
+        left = self.cfg.max_tokens - usage.total
+        prompt = sum(len(json.dumps(m, ensure_ascii=False)) for m in messages) // 4
+        return min(self.cfg.request_max_tokens, left - prompt)
+
+    @staticmethod
+    def _keep_transcript(request: ProposalRequest, data: dict[str, Any]) -> None:
+        """Write the transcript into the archive; a full disk must not lose the session."""
+        try:
+            request.archive.write_session(request.iteration, data)
+        except OSError:
+            pass
 
     @staticmethod
     def _count(usage: _Usage, data: dict[str, Any], messages: list[dict[str, Any]]) -> None:
@@ -500,6 +604,11 @@ class LLMProposer:
         code = args.get("code")
         if not isinstance(code, str) or not code.strip():
             raise ToolError("code must be the complete harness file as a string")
+        if len(code) > MAX_CANDIDATE_CHARS:
+            raise ToolError(
+                f"the code is too large ({len(code):,} characters; a candidate holds at most "
+                f"{MAX_CANDIDATE_CHARS:,}): write a smaller file"
+            )
         try:
             ast.parse(code)
         except SyntaxError as exc:

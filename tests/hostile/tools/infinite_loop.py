@@ -1,0 +1,7 @@
+"""Loops forever.
+
+Expect: error TimeoutError
+"""
+
+while True:
+    pass

@@ -1,0 +1,7 @@
+"""Prints without end.
+
+Expect: truncated
+"""
+
+while True:
+    print("y" * 1000)
