@@ -2,7 +2,9 @@
 
 The recorded sequence of (event type, phase, cycle, candidate id, step, task, reward, scores) and the key sets of
 `state.json` and `result.json` were written by the engine before it was split by concern; any
-restructuring must reproduce them exactly. Regenerate (only for an intended behaviour change) with
+restructuring must reproduce them exactly. Regenerated once since, for an intended change: paired
+acceptance scores the incoming harness a second time to measure the noise floor (three more
+harness episodes in cycle 1, nothing else moved). Regenerate (only for an intended behaviour change) with
 
     WHALE_LAB_GOLDEN_WRITE=1 .venv/bin/python -m pytest tests/test_engine_golden.py
 """

@@ -72,6 +72,8 @@ def make_cfg(tmp_path: Path, **over: Any) -> Config:
             "iterations": 2,
             "smoke_tasks": 1,
             "sandbox": {"call_timeout_s": 0.5},
+            # these tests pin the mechanics of the paper's rule; paired acceptance has its own
+            "acceptance": "best",
         },
         "approval": {"mode": "auto"},
     }
@@ -419,3 +421,23 @@ def test_terminal_reviewer_reads_decisions() -> None:
     assert TerminalReviewer(stdin=io.StringIO("a\n"), stdout=out).review(item).decision == "approve"
     assert TerminalReviewer(stdin=io.StringIO(""), stdout=out).review(item).decision == "pending"
     assert TerminalReviewer(stdin=io.StringIO("p\n"), stdout=out).review(item).decision == "pin"
+
+
+def test_paired_acceptance_measures_the_noise_floor_and_says_what_it_supports(
+    tmp_path: Path, backend
+) -> None:
+    cfg = make_cfg(tmp_path, harness_search={"acceptance": "paired"})
+    phase = _phase(cfg, backend, tmp_path / "run")
+    result = phase.run(H0_PATH, iterations=2)
+    archive = phase.archive
+    # the incoming harness scored twice: 3 tasks more, and the noise floor recorded
+    assert result.harness_rollouts == 3 + 3 + 2 * (1 + 3)
+    floor = archive.read("c000", "noise_floor")
+    assert floor["n_tasks"] == 3 and floor["rollouts_per_task"] == 1 and floor["note"]
+    assert "paired" in floor["method"]
+    assert phase.state["noise_floor"] == floor
+    assert (archive.folder("c000") / "traces_repeat.jsonl").is_file()
+    # 3 tasks never support a paired verdict: the incoming harness stays
+    assert result.accepted_id == "c000"
+    logs = [e["message"] for e in _events(tmp_path / "run") if e["type"] == "log"]
+    assert any(m.startswith("harness split noise floor:") for m in logs)

@@ -168,6 +168,15 @@ class RsftConfig:
 
 
 @dataclass(frozen=True)
+class EvalConfig:
+    # "best": an evaluation point scores test only when its val mean@k is a new best of the run
+    # (the val-selected checkpoint always has its test score, and the other points cost val
+    # alone); "always": every point scores test too, for the paper-style best-on-test figure
+    # over every checkpoint.
+    test_every: Literal["best", "always"] = "best"
+
+
+@dataclass(frozen=True)
 class HarnessSearchConfig:
     candidates_per_iteration: int = _f(3, 1, 16)
     iterations: int = _f(6, 1, MAX_ITERATIONS)
@@ -175,6 +184,10 @@ class HarnessSearchConfig:
     smoke_tasks: int = _f(4, 1, MAX_SPLIT_SIZE)
     prompt_only: bool = False
     min_gain: float = _f(0.0, 0.0, 1.0)  # a new harness must beat the incoming one by this much
+    # "paired": accept the best candidate only when the lower bound of its paired difference
+    # against the incoming harness (same tasks, same seeds) is above min_gain; "best": the
+    # paper's rule (the best success rate wins), for reproductions.
+    acceptance: Literal["paired", "best"] = "paired"
 
 
 @dataclass(frozen=True)
@@ -232,6 +245,7 @@ class Config:
     domain: DomainConfig = field(default_factory=DomainConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     rsft: RsftConfig = field(default_factory=RsftConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     harness_search: HarnessSearchConfig = field(default_factory=HarnessSearchConfig)
     proposer: ProposerConfig = field(default_factory=ProposerConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)

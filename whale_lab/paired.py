@@ -98,6 +98,14 @@ def needed_tasks(sd: float, effect: float, level: float = DEFAULT_LEVEL) -> int 
     return max(2, math.ceil((z * sd / effect) ** 2))
 
 
+def needed_effect(sd: float, n_tasks: int, level: float = DEFAULT_LEVEL) -> float | None:
+    """The smallest paired difference `n_tasks` tasks detect at this level with 80% power."""
+    if n_tasks < 2 or sd <= 0 or not math.isfinite(sd):
+        return None
+    z = _Z.get(round(level, 2), 1.96) + 0.8416
+    return z * sd / math.sqrt(n_tasks)
+
+
 def _task_means(scores: Mapping[str, Sequence[float | None]]) -> dict[str, float]:
     """Per-task mean over the valid samples (None marks an invalid episode)."""
     out: dict[str, float] = {}

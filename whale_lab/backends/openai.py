@@ -20,7 +20,6 @@ the runtime LoRA endpoint exists.
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 import random
@@ -28,7 +27,7 @@ import re
 import threading
 from collections.abc import Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,11 +42,19 @@ from whale_lab.backends.base import (
     check_params,
     cut_at_stop,
 )
+from whale_lab.backends.openai_checks import ServerChecks
+from whale_lab.backends.openai_common import (
+    SETUP_STATUSES,
+    Unreachable,
+    log,
+    sampling_key,
+    short,
+    unreachable_reason,
+)
 
 if TYPE_CHECKING:
     from whale_lab.config import Config
 
-log = logging.getLogger(__name__)
 
 # Request fields that some servers reject (`transformers serve` refuses top_k, a few refuse seed).
 # When a 400/422 names one, it is dropped for the rest of the backend's life and the request resent.
@@ -60,28 +67,14 @@ SERVER_LABELS = {
     "": "an OpenAI-compatible server",
 }
 # Prompts whose repeated samples must differ when the server samples; short, open-ended.
-PROBE_PROMPTS = ("Say something.", "2 + 3 = ?")
-PROBE_SAMPLES = 4  # per probe prompt
-PROBE_TOKENS = 16
 _TOKEN_ID = re.compile(r"token_id:(-?\d+)")
 # Statuses that say "the request was fine, ask again later".
 RETRY_STATUSES = frozenset({408, 409, 425, 429})
 # 4xx statuses that, when every prompt of a batch gets them, mean the setup is wrong.
-SETUP_STATUSES = {
-    401: "the server wants an API key: put it in ${env} (model.api_key_env)",
-    403: "the API key in ${env} (model.api_key_env) may not use this model",
-    404: "check model.base_url (it usually ends in /v1) and model.served_model "
-    "(the name the server serves)",
-}
-
 ADAPTER_HINT = (
     "start vLLM with --enable-lora (and --max-lora-rank at least the adapter's rank) and the "
     "environment variable VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"
 )
-
-
-class _Unreachable(Exception):
-    """The server could not be reached at all (connection refused, DNS, connect timeout)."""
 
 
 @dataclass
@@ -93,39 +86,23 @@ class _Failure:
     status: int = 0
 
 
-def _unreachable_reason(exc: Exception) -> str:
-    text = str(exc).lower()
-    if isinstance(exc, httpx.ConnectTimeout):
-        return "connect timeout"
-    if "refused" in text or "errno 111" in text or "errno 61" in text:
-        return "connection refused"
-    if "name or service" in text or "nodename" in text or "getaddrinfo" in text:
-        return "host name not found"
-    return str(exc) or type(exc).__name__
-
-
-def _short(text: str, n: int = 300) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= n else text[: n - 3] + "..."
-
-
 def _server_detail(resp: httpx.Response) -> str:
     """The server's own error message, whatever shape its JSON error takes."""
     try:
         data = resp.json()
     except ValueError:
-        return _short(resp.text or resp.reason_phrase)
+        return short(resp.text or resp.reason_phrase)
     if isinstance(data, dict):
         for key in ("detail", "message", "error"):
             val = data.get(key)
             if isinstance(val, dict):
                 val = val.get("message", val)
             if val:
-                return _short(str(val))
-    return _short(str(data))
+                return short(str(val))
+    return short(str(data))
 
 
-class OpenAIBackend:
+class OpenAIBackend(ServerChecks):
     """`/chat/completions` over HTTP with a thread pool, retries and runtime LoRA adapters."""
 
     name = "openai"
@@ -272,7 +249,7 @@ class OpenAIBackend:
                 for other in futures:
                     other.cancel()
                 wait(futures)
-                if isinstance(exc, _Unreachable):
+                if isinstance(exc, Unreachable):
                     raise self._unreachable(str(exc)) from None
                 raise exc
         results = [f.result() for f in futures]
@@ -355,7 +332,7 @@ class OpenAIBackend:
             try:
                 resp = self._client.post(url, json=body)
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                failure = _Failure("connect", _unreachable_reason(exc))
+                failure = _Failure("connect", unreachable_reason(exc))
                 continue
             except httpx.TimeoutException:
                 failure = _Failure("timeout", f"no answer within {self.timeout_s:g} s")
@@ -380,7 +357,7 @@ class OpenAIBackend:
             error = f"the server refused the request: HTTP {status}: {detail}"
             return Generation("", 0, 0, "error", error=error), status
         if failure.kind == "connect":
-            raise _Unreachable(failure.detail)
+            raise Unreachable(failure.detail)
         error = f"{failure.detail} (after {attempt} attempts at {url})"
         return Generation("", 0, 0, "error", error=error), 0
 
@@ -411,9 +388,9 @@ class OpenAIBackend:
         try:
             data = resp.json()
         except ValueError:
-            return f"malformed JSON in the answer: {_short(resp.text, 120)!r}"
+            return f"malformed JSON in the answer: {short(resp.text, 120)!r}"
         if not isinstance(data, dict):
-            return f"the answer is not a JSON object: {_short(str(data), 120)}"
+            return f"the answer is not a JSON object: {short(str(data), 120)}"
         choices = data.get("choices")
         if not isinstance(choices, list) or not choices:
             return "the answer has no choices"
@@ -474,200 +451,8 @@ class OpenAIBackend:
         with self._check_lock:
             if not self.preflighted:
                 self.preflight()
-            if params.temperature > 0 and _sampling_key(params) not in self._sampling_ok:
+            if params.temperature > 0 and sampling_key(params) not in self._sampling_ok:
                 self.check_sampling(params)
-
-    def preflight(self, adapters: bool = False) -> None:
-        """Check, before any rollout, what the run needs of the server; a one-line error if not.
-
-        The model list says which server this is (vLLM and `transformers serve` need different
-        fields to sample) and which name to ask for; a one-token request shows the chat endpoint
-        answers for that name; `adapters=True` checks the runtime LoRA endpoint exists.
-        """
-        with self._check_lock:
-            listing = self._list_models()
-            if not self.server_kind:
-                self.server_kind = self._detect_kind(listing)
-            name, how = self._resolve_model(listing)
-            if self.server_kind == "openai" and not listing:
-                # `transformers serve` lists a local folder only once loaded (the probe loaded it).
-                kind = self._detect_kind(self._list_models(), ask_version=False)
-                if kind != "openai":
-                    self.server_kind = kind
-            self._use_model(name, how)
-            if adapters:
-                # An empty load request: a server with the endpoint refuses the body (400/422),
-                # one without it answers 404/405 (which `_adapter_call` turns into the hint).
-                self._adapter_call("load_lora_adapter", {})
-            self.preflighted = True
-
-    def _get(self, url: str) -> httpx.Response | None:
-        """GET with one attempt; None when the server answers garbage or times out."""
-        try:
-            return self._client.get(url, timeout=min(self.timeout_s, 10.0))
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            raise self._unreachable(_unreachable_reason(exc)) from None
-        except httpx.TransportError:
-            return None
-
-    def _list_models(self) -> list[dict[str, Any]] | None:
-        """The entries of `/v1/models`, or None when the server has no usable listing."""
-        resp = self._get(f"{self.base_url}/models")
-        if resp is None or resp.status_code != 200:
-            return None
-        try:
-            data = resp.json()
-        except ValueError:
-            return None
-        entries = data.get("data") if isinstance(data, dict) else None
-        if not isinstance(entries, list):
-            return None
-        return [e for e in entries if isinstance(e, dict) and isinstance(e.get("id"), str)]
-
-    def _detect_kind(
-        self, listing: list[dict[str, Any]] | None, *, ask_version: bool = True
-    ) -> str:
-        """vLLM owns its models ("owned_by": "vllm") and answers /version; `transformers serve`
-        adds a "status" (loaded or not) to each entry of its list."""
-        entries = listing or []
-        if any(e.get("owned_by") == "vllm" for e in entries):
-            return "vllm"
-        if any(isinstance(e.get("status"), dict) for e in entries):
-            return "transformers"
-        if ask_version:
-            resp = self._get(f"{self.server_root}/version")
-            try:
-                data = resp.json() if resp is not None and resp.status_code == 200 else None
-            except ValueError:
-                data = None
-            if isinstance(data, dict) and isinstance(data.get("version"), str):
-                return "vllm"
-        return "openai"
-
-    def _candidates(self) -> list[str]:
-        """Names to try, in order: the configured one, its aliases, and a preset's folder."""
-        out: list[str] = []
-        for name in (self.base_model, *self.aliases):
-            folder = _preset_folder(name)
-            for n in (folder, name):
-                if n and n not in out:
-                    out.append(n)
-        return out
-
-    def _resolve_model(self, listing: list[dict[str, Any]] | None) -> tuple[str, str]:
-        """The served model name to use and how it was found: a listed candidate, else one the
-        server accepts, else the only model it lists; a one-line error naming what it serves."""
-        requested = self.base_model
-        names = [e["id"] for e in listing] if listing is not None else None
-        candidates = self._candidates()
-        if names:
-            listed = next((c for c in candidates if c in names), None)
-            if listed is not None:
-                refusal = self._probe_chat(listed)
-                if refusal:
-                    raise BackendError(f"{self.server_label} lists model {listed!r} but {refusal}")
-                return listed, "listed in /v1/models"
-        refusals: dict[str, str] = {}
-        for name in candidates:
-            refusal = self._probe_chat(name)
-            if not refusal:
-                return name, "accepted by the server"
-            refusals[name] = refusal
-        first_refusal = refusals.get(requested) or next(iter(refusals.values()), "")
-        bases = [e["id"] for e in listing or [] if not e.get("parent")]
-        if len(bases) == 1:
-            refusal = self._probe_chat(bases[0])
-            if not refusal:
-                return bases[0], "the only model in /v1/models"
-            raise BackendError(f"{self.server_label} lists only {bases[0]!r} and {refusal}")
-        if names:
-            shown = ", ".join(repr(n) for n in names[:8]) + (", ..." if len(names) > 8 else "")
-            raise BackendError(
-                f"model.served_model {requested!r} is not served by {self.server_label}; it "
-                f"serves {shown}: set model.served_model to one of them ({first_refusal})"
-            )
-        raise BackendError(f"{self.server_label}: {first_refusal}")
-
-    def _probe_chat(self, model: str) -> str:
-        """'' when a one-token greedy request for `model` is answered, else why not (one line)."""
-        probe = SamplingParams(temperature=0.0, top_k=0, max_new_tokens=1)
-        try:
-            gen, status = self._complete(
-                0,
-                [{"role": "user", "content": "hi"}],
-                probe,
-                threading.Event(),
-                model=model,
-                retries=min(self.max_retries, 1),
-            )
-        except _Unreachable as exc:
-            raise self._unreachable(str(exc)) from None
-        if gen.finish_reason != "error":
-            return ""
-        error = gen.error.removeprefix("the server refused the request: ")
-        hint = SETUP_STATUSES.get(status, "").replace("${env}", "$" + self.api_key_env)
-        return f"refused a one-token chat request for model {model!r}: {error}" + (
-            f" ({hint})" if hint else ""
-        )
-
-    def _use_model(self, name: str, how: str) -> None:
-        if self.active_model == self.base_model:
-            self.active_model = name
-        configured = self.base_model
-        self.base_model = name
-        if name == configured:
-            self.model_note = f"model {name!r} ({how})"
-            log.info("%s serves %s", self.server_label, self.model_note)
-        else:
-            self.model_note = f"model {name!r} ({how}; configured: {configured!r})"
-            log.warning("%s: using %s", self.server_label, self.model_note)
-
-    def check_sampling(self, params: SamplingParams) -> None:
-        """At temperature > 0 repeated samples of a probe prompt must differ; stop if they never do.
-
-        A server that copies the temperature but decodes greedily returns k copies: mean@k would
-        read as pass@k and RSFT's samples per prompt would be one sample. When the configured
-        temperature is low enough that copies are plausible, a second look at temperature 1 tells a
-        confident model from a server that does not sample.
-        """
-        if params.temperature <= 0:
-            return
-        with self._check_lock:
-            copies = self._probe_copies(params)
-            if copies is not None and params.temperature < 1.0:
-                if self._probe_copies(replace(params, temperature=1.0)) is None:
-                    log.info(
-                        "%s: samples at temperature %g repeat, at 1.0 they differ: the server "
-                        "samples",
-                        self.server_label,
-                        params.temperature,
-                    )
-                    copies = None
-            if copies is not None:
-                raise BackendError(
-                    f"sampling check failed: {self.server_label} returned the same text for all "
-                    f"{PROBE_SAMPLES} samples of each probe prompt at temperature "
-                    f"{params.temperature:g} (model {self.active_model!r}, reply {copies!r}); it "
-                    "does not sample, and scores or RSFT groups would be copies"
-                )
-            self._sampling_ok.add(_sampling_key(params))
-
-    def _probe_copies(self, params: SamplingParams) -> str | None:
-        """The repeated reply when every probe prompt got one text for all its samples, else None."""
-        probe = replace(params, max_new_tokens=PROBE_TOKENS, stop=(), logprobs=False)
-        prompts = [
-            [{"role": "user", "content": p}] for p in PROBE_PROMPTS for _ in range(PROBE_SAMPLES)
-        ]
-        gens = self._generate(prompts, probe)
-        failed = next((g for g in gens if g.finish_reason == "error"), None)
-        if failed is not None:
-            raise BackendError(f"sampling check: {self.server_label}: {_short(failed.error, 200)}")
-        groups = [gens[i : i + PROBE_SAMPLES] for i in range(0, len(gens), PROBE_SAMPLES)]
-        if any(len({g.text for g in group}) > 1 for group in groups):
-            return None
-        return _short(groups[0][0].text, 40)
-
-    # ----------------------------------------------------------------- adapters
 
     def load_adapter(self, path: str | Path, name: str) -> None:
         """Load a LoRA adapter folder into the server under `name`; later requests use it."""
@@ -715,7 +500,7 @@ class OpenAIBackend:
                 resp = self._client.post(url, json=payload)
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 failure = (
-                    f"cannot reach the server at {self.server_root} ({_unreachable_reason(exc)})"
+                    f"cannot reach the server at {self.server_root} ({unreachable_reason(exc)})"
                 )
                 continue
             except httpx.TransportError as exc:
@@ -759,10 +544,6 @@ def _local_tokenizer(path: str) -> Any:
     return tok
 
 
-def _sampling_key(params: SamplingParams) -> tuple[float, float, int]:
-    return (params.temperature, params.top_p, params.top_k)
-
-
 def _hf_generation_config(params: SamplingParams) -> dict[str, Any]:
     """The generation config `transformers serve` builds its decoding from (merged over the
     model's own); do_sample is what its temperature field never turns on."""
@@ -798,16 +579,3 @@ def _token_logprobs(data: Any, params: SamplingParams) -> tuple[tuple[int, ...],
         lps.append(float(lp))
     return tuple(ids), tuple(lps)
 
-
-def _preset_folder(name: str) -> str:
-    """The folder a preset name ('micro') stands for, '' for other names: a server that loads
-    local folders serves the preset under its path."""
-    from whale_lab.presets import PRESETS, resolve_model_path
-
-    if name not in PRESETS:
-        return ""
-    try:
-        return resolve_model_path(name)
-    except Exception as exc:  # a preset that cannot be built here: the server may still know it
-        log.info("could not resolve preset %r (%s)", name, exc)
-        return ""

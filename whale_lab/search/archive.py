@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from whale_lab.harness.ast_check import MAX_SOURCE_CHARS
+from whale_lab.paired import MIN_TASKS, paired_difference, scores_by_task
 from whale_lab.store import atomic_write_json, atomic_write_text, read_json, read_jsonl
 from whale_lab.trace import scrub_trace
 
@@ -280,7 +281,9 @@ class PhaseArchive:
         atomic_write_json(path, {"status": status, "reason": reason, "history": history})
 
     def write_json(self, cid: str, name: str, data: Any) -> None:
-        if name not in {"validation", "smoke", "scores", "decision"}:
+        if name not in {
+            "validation", "smoke", "scores", "decision", "paired_vs_incoming", "noise_floor"
+        }:
             raise ArchiveError(f"unknown candidate file {name!r}")
         atomic_write_json(self.folder(cid) / f"{name}.json", data)
 
@@ -353,12 +356,15 @@ class PhaseArchive:
         return out
 
     # ------------------------------------------------------------------ acceptance
-    def best(self, min_gain: float = 0.0) -> str | None:
+    def best(self, min_gain: float = 0.0, acceptance: str = "best") -> str | None:
         """Best success rate among scored candidates; ties go to fewer mean turns, then the older.
 
         With `min_gain` > 0 a new candidate must beat the incoming harness by at least that much
         (a fraction of tasks), or the incoming harness stays: on a small harness split a one-task
-        win is often noise.
+        win is often noise. With `acceptance="paired"` the best candidate is compared with the
+        incoming harness task by task (same tasks, same seeds) and kept only when the lower bound
+        of the paired interval is above `min_gain`; the comparison is written beside it
+        (`paired_vs_incoming.json`).
         """
         scored = [
             r for r in self.records() if r.status in SCORED_STATUSES and r.success_rate is not None
@@ -367,6 +373,17 @@ class PhaseArchive:
             return None
         scored.sort(key=lambda r: (-(r.success_rate or 0.0), r.mean_turns or 0.0, int(r.id[1:])))
         best = scored[0]
+        incoming_rec = next((r for r in scored if r.proposer == INCOMING), None)
+        if acceptance == "paired" and incoming_rec is not None and best.id != incoming_rec.id:
+            result = paired_difference(
+                scores_by_task(self.traces(incoming_rec.id)),
+                scores_by_task(self.traces(best.id)),
+            )
+            record = {**result.to_dict(), "incoming": incoming_rec.id, "min_gain": min_gain}
+            supported = result.n_tasks >= MIN_TASKS and result.low > min_gain
+            record["accepted"] = supported
+            self.write_json(best.id, "paired_vs_incoming", record)
+            return best.id if supported else incoming_rec.id
         if min_gain > 0:
             incoming = next((r for r in scored if r.proposer == INCOMING), None)
             if (

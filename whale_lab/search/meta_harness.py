@@ -1,12 +1,12 @@
 """The harness phase: Meta-Harness search under the current weights, resumable from its archive.
 
-Iteration 1 re-scores the incoming harness under the current weights. Every later iteration asks
-the proposer for M candidates (having read the archive), validates them, puts them through the
-approval gate, and scores the approved ones on the `harness` split. At the end the best success
-rate in the phase archive is accepted (ties to fewer mean turns; with `harness_search.min_gain` a new
-candidate must beat the incoming harness by that margin), unless a human pinned another.
-Every step is written to the archive before the next begins, so a killed phase resumes where it
-stopped and a candidate awaiting review is still awaiting review after a restart.
+Iteration 1 re-scores the incoming harness under the current weights (twice with paired
+acceptance: the second scoring measures the split's noise floor). Every later iteration asks the
+proposer for M candidates (having read the archive), validates them, puts them through the
+approval gate, and scores the approved ones on the `harness` split. At the end the best candidate
+is accepted when its paired interval against the incoming harness clears `min_gain` (or, with
+`acceptance = "best"`, the best success rate wins), unless a human pinned another. Every step is
+written to the archive before the next begins, so a killed phase resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from whale_lab.domains.base import Domain, Task
 from whale_lab.errors import WhaleLabError
 from whale_lab.events import (
     CandidateProposed,
-    CandidateScored,
     CandidateValidated,
     Event,
     HarnessAccepted,
@@ -35,6 +34,11 @@ from whale_lab.events import (
     ReviewRequested,
 )
 from whale_lab.seams import ReviewDecision, Reviewer, ReviewItem
+from whale_lab.search.acceptance import (
+    last_acceptance_is,
+    measure_noise_floor,
+    paired_acceptance_note,
+)
 from whale_lab.search.approval import ApprovalGate
 from whale_lab.search.archive import (
     INCOMING,
@@ -43,17 +47,16 @@ from whale_lab.search.archive import (
     ArchiveError,
     PhaseArchive,
 )
-from whale_lab.search.proposers.base import (
-    ProposalRequest,
-    ProposalSession,
-    Proposer,
-)
+from whale_lab.search.proposers.base import ProposalRequest, ProposalSession, Proposer
+from whale_lab.search.scoring import record_crash, set_scored_status, write_scores
 from whale_lab.search.surfaces import changed_surfaces
-from whale_lab.search.validate import ValidationOutcome, summarise_traces, validate_candidate
+from whale_lab.search.validate import ValidationOutcome, validate_candidate
 from whale_lab.store import JsonlWriter, RunStore, atomic_write_json, read_json
 
-# A scoring where at least this share of episodes ended in a harness error marks a crash.
-CRASH_SHARE = 0.5
+ONE_ITERATION_NOTE = (
+    "the harness phase budget is 1 iteration: it only re-scores the incoming harness and never "
+    "calls the proposer (give it 2 or more iterations)"
+)
 
 
 class HarnessPhaseError(WhaleLabError, RuntimeError):
@@ -207,19 +210,13 @@ class HarnessPhase:
         iterations = int(iterations or self.cfg.harness_search.iterations)
         if iterations < 1:
             raise HarnessPhaseError("a harness phase needs at least 1 iteration")
-        if iterations == 1:  # iteration 1 only re-scores the incoming harness
-            self.emit(
-                Log(
-                    level="warning",
-                    message="the harness phase budget is 1 iteration: it only re-scores the "
-                    "incoming harness and never calls the proposer (give it 2 or more iterations)",
-                )
-            )
         self._stop = should_stop or _no
         self._load_state(incoming, iterations)
         if self.state["finished"]:
             # accepted before the last process ended: the acceptance stands, nothing is redone
             return self._result("completed", self.state["reason"], self.state["accepted"])
+        if iterations == 1:  # iteration 1 only re-scores the incoming harness
+            self.emit(Log(level="warning", message=ONE_ITERATION_NOTE))
         if not self.archive.ids():
             self._add_incoming(incoming)
         reason = "budget"
@@ -235,6 +232,8 @@ class HarnessPhase:
                         self._propose(it)
                 for cid in self._ids_of(it):
                     self._advance(cid)
+                if it == 1 and self._paired and "noise_floor" not in self.state:
+                    self._measure_noise_floor()
                 if it not in self.state["done"]:
                     self.state["done"].append(it)
                 best = self.archive.best()
@@ -450,8 +449,14 @@ class HarnessPhase:
             elif status == "approved":
                 self._score(cid)
 
+    def _incoming_id(self) -> str | None:
+        ids = self._ids_of(1)
+        return next((c for c in ids if self.archive.meta(c).get("proposer") == INCOMING), None)
+
     def _validate(self, cid: str, *, edited: bool = False) -> ValidationOutcome:
-        parent_id = str(self.archive.meta(cid).get("parent_id", ""))
+        # prompt-only candidates are held to the phase's h0 (the incoming harness), not the parent
+        parent_id = self._incoming_id() if self.prompt_only else None
+        parent_id = parent_id or str(self.archive.meta(cid).get("parent_id", ""))
         parent_code = self.archive.code(parent_id) if parent_id else None
         smoke_tasks = self.tasks[: self.cfg.harness_search.smoke_tasks]
         outcome = validate_candidate(
@@ -570,73 +575,35 @@ class HarnessPhase:
         if self._stop():
             raise _Stopped()
         if report is None:
-            scores = {
-                "success_rate": 0.0,
-                "mean_turns": 0.0,
-                "tokens": 0,
-                "rollouts": 0,
-                "failures": {},
-                "error": error,
-            }
-            self.archive.write_json(cid, "scores", scores)
-            self.archive.set_status(cid, "crashed", error)
-            self.emit(
-                CandidateScored(
-                    candidate_id=cid,
-                    success_rate=0.0,
-                    mean_turns=0.0,
-                    tokens=0,
-                    rollouts=0,
-                    status="crashed",
-                )
-            )
+            self.emit(record_crash(self.archive, cid, error))
             self.archive.write_summary()
             return
-        traces = [t.to_dict() for t in report.traces]
-        summary = summarise_traces(traces)
-        scores = {
-            **summary,
-            "success_rate": report.success_rate,
-            "mean_at_k": report.mean_at_k,
-            "pass_at_k": report.pass_at_k,
-            "mean_turns": report.mean_turns,
-            "tokens": report.tokens,
-            "rollouts": report.rollouts,
-            "k": report.k,
-            "n_tasks": report.n_tasks,
-            "seconds": round(report.seconds, 3),
-            "diagnostics": report.diagnostics,
-        }
-        self.archive.write_json(cid, "scores", scores)
+        summary = write_scores(self.archive, cid, report)
         self.state["rollouts"] += report.rollouts
         self._save()
-        crashed = summary["stop_reasons"].get("harness_error", 0)
-        status = "evaluated"
-        if report.rollouts == 0:
-            status = "crashed"
-            self.archive.set_status(cid, status, "scoring produced no episode")
-        elif crashed / report.rollouts >= CRASH_SHARE:
-            first = summary["harness_errors"][0] if summary["harness_errors"] else ""
-            status = "crashed"
-            self.archive.set_status(
-                cid,
-                status,
-                f"{crashed} of {report.rollouts} episodes ended in a harness error: {first}",
-            )
-        else:
-            self.archive.set_status(cid, status)
-        self.emit(
-            CandidateScored(
-                candidate_id=cid,
-                success_rate=report.success_rate,
-                mean_turns=report.mean_turns,
-                tokens=report.tokens,
-                rollouts=report.rollouts,
-                status=status,
-                failures=dict(summary["failures"]),
-            )
-        )
+        self.emit(set_scored_status(self.archive, cid, report, summary))
         self.archive.write_summary()
+
+    # ------------------------------------------------------------------ the noise floor
+    @property
+    def _paired(self) -> bool:
+        return self.cfg.harness_search.acceptance == "paired"
+
+    def _measure_noise_floor(self) -> None:
+        """The incoming harness scored a second time and paired with the first (noise alone)."""
+        incoming = self._incoming_id()
+        if incoming is None or self.archive.status(incoming) not in SCORED_STATUSES:
+            return
+        record, rollouts = measure_noise_floor(
+            self.archive, self.evaluator, incoming, self.tasks, self.k, self.params,
+            root=self.store.root, emit=self.emit, should_stop=self._stop,
+        )
+        self._check_stop()
+        self.state["rollouts"] += rollouts
+        self.state["noise_floor"] = record
+        self.archive.write_json(incoming, "noise_floor", record)
+        self._save()
+        self.emit(Log(level="info", message=f"harness split noise floor: {record['note']}"))
 
     # ------------------------------------------------------------------ acceptance
     def _accept(self, why: str) -> str | None:
@@ -656,7 +623,11 @@ class HarnessPhase:
                     )
                 )
         if chosen is None:
-            chosen = self.archive.best(min_gain=self.cfg.harness_search.min_gain)
+            hs = self.cfg.harness_search
+            chosen = self.archive.best(min_gain=hs.min_gain, acceptance=hs.acceptance)
+            note = self._paired and paired_acceptance_note(self.archive, hs.min_gain)
+            if note:
+                self.emit(Log(level="info", message=note))
         if chosen is None:
             self.emit(
                 Log(
@@ -696,24 +667,12 @@ class HarnessPhase:
         cid = event.candidate_id
         if self.state.get("announced") == cid:
             return
-        if self.state.get("announcing") != cid or not self._logged(event):
+        if self.state.get("announcing") != cid or not last_acceptance_is(self.store.root, event):
             self.state["announcing"] = cid
             self._save()
             self.emit(event)
         self.state["announced"], self.state["announcing"] = cid, None
         self._save()
-
-    def _logged(self, event: HarnessAccepted) -> bool:
-        """Whether the run's last HarnessAccepted is `event` (same cycle, candidate and file)."""
-        last = None
-        for ev in RunStore.read_events(self.store.root):
-            if isinstance(ev, HarnessAccepted):
-                last = ev
-        if last is None or (last.cycle, last.candidate_id) != (event.cycle, event.candidate_id):
-            return False
-        # the same file, compared from the phase folder down (<phase>/candidates/<id>/harness.py)
-        # so that a run folder moved between the two processes still matches
-        return Path(last.path).parts[-4:] == Path(event.path).parts[-4:]
 
     def _result(
         self, status: str, reason: str, accepted: str | None, pending: tuple[str, ...] = ()
@@ -734,3 +693,4 @@ class HarnessPhase:
             history=tuple(self.state["history"]),
             proposer_usage=dict(self.state["usage"]),
         )
+
