@@ -230,13 +230,39 @@ def test_the_corpus_is_big_enough_and_every_file_says_what_it_expects() -> None:
 
 
 RENDER = {"fields": {"question": "What is 2 + 2?"}, "history": [], "context": {}}
+ESCAPE_MARKER = "# hostile: escape"
+ESCAPE_PRELUDE = CORPUS / "escape_prelude.py.txt"
+
+
+def materialise(path: Path, folder: Path) -> Path:
+    """The harness file as the host will load it: the shared escape pasted in at its marker (each
+    esc_*.py holds only its own attack; the harness host sees one self-contained file)."""
+    text = path.read_text(encoding="utf-8")
+    if ESCAPE_MARKER not in text:
+        return path
+    lines = [
+        ESCAPE_PRELUDE.read_text(encoding="utf-8") if ln.startswith(ESCAPE_MARKER) else ln
+        for ln in text.splitlines(keepends=True)
+    ]
+    out = folder / path.name
+    out.write_text("".join(lines), encoding="utf-8")
+    return out
+
+
+def test_the_escape_prelude_is_pasted_into_a_self_contained_file(tmp_path: Path) -> None:
+    escapes = [p for p in HARNESSES if ESCAPE_MARKER in p.read_text(encoding="utf-8")]
+    assert len(escapes) >= 20
+    text = materialise(escapes[0], tmp_path).read_text(encoding="utf-8")
+    assert ESCAPE_MARKER not in text and "class _Grab(string.Formatter)" in text
+    ast.parse(text)
 
 
 @pytest.mark.parametrize("path", HARNESSES, ids=[p.stem for p in HARNESSES])
-def test_hostile_harness(path: Path, targets: Targets) -> None:
+def test_hostile_harness(path: Path, targets: Targets, tmp_path: Path) -> None:
     exp = expectation(path)
     if exp.needs_os and not CONF.confined:
         pytest.skip(NOT_CONFINED)
+    path = materialise(path, tmp_path)
     WatchedHost.seen = set()
     texts: list[str] = []
     if exp.outcome == "load_error":

@@ -96,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated schedule names")
     p.add_argument("--seeds", default="0", help="comma-separated seeds, e.g. 0,1,2")
     p.add_argument("--out", default=None, help="report folder (default: runs/compare-<date>)")
+    p.add_argument("--resplit", action="store_true",
+                   help="let every seed draw its own splits (default: one task set for all, paired)")
 
     p = sub.add_parser("check", help="the sandbox in force for untrusted code, and its limits")
     _add_common(p)
@@ -192,7 +194,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if command == "compare":
         from whale_lab.commands.compare import compare_command
 
-        return compare_command(cfg, args.schedules, args.seeds, args.out)
+        return compare_command(cfg, args.schedules, args.seeds, args.out, resplit=args.resplit)
     if command == "check":
         from whale_lab.commands.check import run_check
 

@@ -36,7 +36,9 @@ if TYPE_CHECKING:
     from whale_lab.engine.engine import Engine
 
 
-def compare_command(cfg: Config, schedules: str, seeds: str, out: str | None) -> int:
+def compare_command(
+    cfg: Config, schedules: str, seeds: str, out: str | None, *, resplit: bool = False
+) -> int:
     """The command line's comma-separated `--schedules` and `--seeds`, and `--out` (default:
     `<run.directory>/compare-<domain>-<date>`)."""
     names = [x.strip() for x in schedules.split(",") if x.strip()]
@@ -49,11 +51,16 @@ def compare_command(cfg: Config, schedules: str, seeds: str, out: str | None) ->
     out_dir = out or str(
         Path(cfg.run.directory) / f"compare-{cfg.domain.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
-    return run_compare(cfg, names, numbers, out_dir)
+    return run_compare(cfg, names, numbers, out_dir, resplit=resplit)
 
 
 def run_compare(
-    cfg: Config, schedules: Sequence[str], seeds: Sequence[int], out_dir: str | Path
+    cfg: Config,
+    schedules: Sequence[str],
+    seeds: Sequence[int],
+    out_dir: str | Path,
+    *,
+    resplit: bool = False,
 ) -> int:
     """Run every schedule with every seed (sequentially), then write and print the report."""
     import sys
@@ -61,7 +68,7 @@ def run_compare(
     console = stderr_console()
     with StopSignals(console) as signals:
         try:
-            return _compare(cfg, schedules, seeds, out_dir, console, signals)
+            return _compare(cfg, schedules, seeds, out_dir, console, signals, resplit)
         except user_error_types() as exc:
             print(f"whale-lab: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
@@ -74,6 +81,7 @@ def _compare(
     out_dir: str | Path,
     console: Console,
     signals: StopSignals,
+    resplit: bool = False,
 ) -> int:
     from whale_lab.quiet import quiet_libraries
 
@@ -89,7 +97,9 @@ def _compare(
         console.print(text, markup=False, highlight=False)
 
     quiet_libraries()
-    outcome = compare_runs(cfg, schedules, seeds, out_dir, drive_run=drive_run, log=log)
+    outcome = compare_runs(
+        cfg, schedules, seeds, out_dir, drive_run=drive_run, log=log, resplit=resplit
+    )
     if outcome.status != "done":
         say(console, f"stopped; run the same compare command again to resume ({outcome.folder})")
         return signals.exit_code
