@@ -217,6 +217,10 @@ class ReviewRequested(Event):
     surface: str
     smoke_success: float | None = None
     cited_traces: tuple[str, ...] = ()
+    # what the reviewer should weigh beside the diff: the split's noise floor (paired acceptance)
+    # and where the proposer session that wrote the candidate is recorded
+    noise_floor: str = ""
+    transcript: str = ""
 
 
 @dataclass(frozen=True)

@@ -210,3 +210,19 @@ def test_the_header_shows_the_last_weight_sync_state() -> None:
     view.apply(WeightStep(step=3, sync="unverified", **step))
     assert view.weight_sync == "unverified"
     assert "weights unverified" in status_line(view, state="running", fallback={}).plain
+
+
+def test_the_review_shows_the_noise_floor_and_the_proposer_session() -> None:
+    from whale_lab.events import ReviewRequested
+    from whale_lab.tui.render import review_meta
+    from whale_lab.tui.state import RunView
+
+    view = RunView()
+    view.apply(ReviewRequested(candidate_id="c004", diff="", hypothesis="h", surface="parser",
+                               noise_floor="on 16 tasks x 1 rollouts a paired difference below "
+                               "31.2 points cannot be told from noise",
+                               transcript="harness_phases/cycle-01/candidates/c004/"
+                               "proposer_transcript.json"))
+    text = review_meta(view.reviews["c004"], live=True).plain
+    assert "noise floor on 16 tasks" in text and "31.2 points" in text
+    assert "proposer session harness_phases/cycle-01/candidates/c004/" in text

@@ -48,7 +48,7 @@ from whale_lab.search.archive import (
     PhaseArchive,
 )
 from whale_lab.search.proposers.base import ProposalRequest, ProposalSession, Proposer
-from whale_lab.search.scoring import record_crash, set_scored_status, write_scores
+from whale_lab.search.scoring import record_crash, set_scored_status, transcript_of, write_scores
 from whale_lab.search.surfaces import changed_surfaces
 from whale_lab.search.validate import ValidationOutcome, validate_candidate
 from whale_lab.store import JsonlWriter, RunStore, atomic_write_json, read_json
@@ -513,6 +513,8 @@ class HarnessPhase:
                 surface=item.surface,
                 smoke_success=item.smoke_success,
                 cited_traces=item.cited_traces,
+                noise_floor=str((self.state.get("noise_floor") or {}).get("note", "")),
+                transcript=transcript_of(self.archive, cid, self.store.root),
             )
         )
         decision: ReviewDecision = self.gate.decide(item)

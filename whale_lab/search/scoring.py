@@ -6,6 +6,7 @@ never be accepted on the strength of the episodes that happened to survive.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from whale_lab.events import CandidateScored
@@ -79,3 +80,14 @@ def set_scored_status(
         status=status,
         failures=dict(summary["failures"]),
     )
+
+
+def transcript_of(archive: PhaseArchive, cid: str, run_root: Path) -> str:
+    """Where the proposer session that wrote `cid` is recorded (relative to the run), or ""."""
+    path = archive.folder(cid) / "proposer_transcript.json"
+    if not path.is_file():
+        return ""
+    try:
+        return path.relative_to(run_root).as_posix()
+    except ValueError:
+        return str(path)

@@ -335,6 +335,14 @@ def review_meta(entry: ReviewEntry, *, live: bool) -> Text:
         t.append("cites ", style="dim")
         t.append(", ".join(entry.cited_traces))
         t.append("\n")
+    if entry.noise_floor:
+        t.append("noise floor ", style="dim")
+        t.append(entry.noise_floor)
+        t.append("\n")
+    if entry.transcript:
+        t.append("proposer session ", style="dim")
+        t.append(entry.transcript)
+        t.append("\n")
     return t
 
 

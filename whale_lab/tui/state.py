@@ -146,6 +146,8 @@ class ReviewEntry:
     iteration: int = 0
     parent_id: str = ""
     proposer: str = ""
+    noise_floor: str = ""
+    transcript: str = ""
 
 
 @dataclass
@@ -480,6 +482,8 @@ class RunView:
             iteration=cand.iteration if cand else 0,
             parent_id=cand.parent_id if cand else "",
             proposer=cand.proposer if cand else "",
+            noise_floor=str(getattr(ev, "noise_floor", "") or ""),
+            transcript=str(getattr(ev, "transcript", "") or ""),
         )
         return {"reviews", "status"}
 
