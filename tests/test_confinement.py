@@ -18,7 +18,8 @@ import pytest
 
 from whale_lab import confine
 from whale_lab.config import ConfigError, SandboxConfig, config_from_dict
-from whale_lab.domains.interpreter import InterpreterLimits, run_python
+from whale_lab.domains.interpreter import InterpreterLimits, PythonResult, run_python
+from whale_lab.domains.tool_worker import ToolWorkers
 from whale_lab.harness.host import HOST_ENTRY, HarnessHost
 
 FIXTURES = Path(__file__).parent / "fixtures" / "harnesses"
@@ -27,6 +28,18 @@ needs_bwrap = pytest.mark.skipif(
     not CONF.confined, reason=f"bwrap cannot confine on this machine: {CONF.reason}"
 )
 TOOL = InterpreterLimits(timeout_s=2.0, memory_mb=256, max_output_chars=2000)
+
+
+def run_warm(code: str, limits: InterpreterLimits) -> PythonResult:
+    """`code` through a warm tool worker (the math environment's path), closed afterwards."""
+    pool = ToolWorkers(limits, spares=0)
+    try:
+        return pool.session().run(code)
+    finally:
+        pool.close()
+
+
+RUNNERS = {"cold": run_python, "warm": run_warm}
 
 
 @pytest.fixture
@@ -65,6 +78,8 @@ def test_unavailable_confinement_refuses_by_default_with_one_line(
         HarnessHost(FIXTURES / "prompt_only.py", "math", SandboxConfig())
     with pytest.raises(confine.ConfinementError):
         run_python("print(1)", InterpreterLimits())
+    with pytest.raises(confine.ConfinementError):
+        run_warm("print(1)", InterpreterLimits())
 
 
 def test_allowed_unconfined_falls_back_with_one_warning(
@@ -77,8 +92,9 @@ def test_allowed_unconfined_falls_back_with_one_warning(
         assert host.parse(["hello"])[0].value == "hello"
     tool = InterpreterLimits(timeout_s=2.0, memory_mb=256, max_output_chars=2000,
                              allow_unconfined=True)
-    result = run_python("import sys\nprint('whale_lab' in sys.modules, len(sys.path) < 5)", tool)
-    assert result.ok and result.stdout.strip() == "False True"
+    for run in (run_python, run_warm):
+        result = run("import sys\nprint('whale_lab' in sys.modules, len(sys.path) < 5)", tool)
+        assert result.ok and result.stdout.strip() == "False True"
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err  # once per process, however many hosts and tools start
     assert err[0].startswith("whale-lab: warning:") and "no user namespaces" in err[0]
@@ -95,13 +111,15 @@ def test_the_environment_variable_allows_unconfined_for_one_command(
         confine.enforce(False, "tool code")
 
 
+@pytest.mark.parametrize("runner", RUNNERS)
 def test_the_tool_never_imports_whale_lab_nor_writes_bytecode(
-    unconfined: None, monkeypatch: pytest.MonkeyPatch
+    unconfined: None, monkeypatch: pytest.MonkeyPatch, runner: str
 ) -> None:
     monkeypatch.setenv(confine.ALLOW_ENV, "1")
-    result = run_python("import whale_lab", TOOL)
+    run = RUNNERS[runner]
+    result = run("import whale_lab", TOOL)
     assert "No module named 'whale_lab'" in result.error
-    result = run_python("import sys\nprint(sys.flags.dont_write_bytecode, sys.flags.no_site)", TOOL)
+    result = run("import sys\nprint(sys.flags.dont_write_bytecode, sys.flags.no_site)", TOOL)
     assert result.stdout.strip() == "1 1"
 
 
@@ -199,9 +217,10 @@ for path in ("/tmp/ok", "/usr/lib/planted", "/planted"):
 
 
 @needs_bwrap
-def test_tool_code_sees_only_the_minimal_view(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_tool_code_sees_only_the_minimal_view(monkeypatch: pytest.MonkeyPatch, runner: str) -> None:
     monkeypatch.setenv("WHALE_LAB_TEST_SECRET", "s3cr3t")
-    result = run_python(VIEW, TOOL)
+    result = RUNNERS[runner](VIEW, TOOL)
     assert result.ok, result.error
     lines = dict(line.split(" ", 1) for line in result.stdout.strip().splitlines()[:8])
     allowed = {"usr", "lib", "lib64", "lib32", "libx32", "etc", "dev", "tmp", "code"}

@@ -11,6 +11,7 @@ from collections import Counter
 from fractions import Fraction
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -314,6 +315,48 @@ def test_episode_with_python_then_answer() -> None:
     assert done.done and done.reward == 1.0 and done.stop_reason == "answered"
     info = env.final_info()
     assert info["python_calls"] == 2 and info["python_errors"] == 1 and info["correct"]
+
+
+def test_episode_tool_limits_hold_on_its_warm_worker() -> None:
+    dom = MathDomain.builtin(1, SIZES, FAST)
+    try:
+        env = dom.make_env(dom.tasks("test")[0])
+
+        def call(code: str) -> Any:
+            return env.step(
+                dom.normalise_action({"type": "tool", "name": "python", "arguments": {"code": code}})
+            )
+
+        slow = call("import sys\nsys.whale_mark = 1\nwhile True:\n    pass\n")
+        assert slow.tool_error and slow.info["timed_out"]
+        assert "TimeoutError" in slow.observation["error"]
+        flood = call("print('x' * 5000)")
+        assert flood.info["truncated"] and "truncated" in flood.observation["stdout"]
+        ok = call("import sys\nprint(6 * 7, hasattr(sys, 'whale_mark'))")
+        assert not ok.tool_error and ok.observation["stdout"] == "42 False\n"
+        assert env.final_info()["python_calls"] == 3
+    finally:
+        dom.close()
+        dom.close()  # closing twice is harmless
+
+
+def test_episode_python_state_stays_in_its_episode() -> None:
+    dom = MathDomain.builtin(1, SIZES, FAST)
+    try:
+        task = dom.tasks("test")[0]
+
+        def call(env: Any, code: str) -> str:
+            action = {"type": "tool", "name": "python", "arguments": {"code": code}}
+            return str(env.step(dom.normalise_action(action)).observation["stdout"])
+
+        first = dom.make_env(task)
+        assert call(first, "import math\nmath.tau = 1\nprint(math.tau)") == "1\n"
+        assert call(first, "import math\nprint(math.tau)") == "1\n"  # the same interpreter
+        first.final_info()
+        second = dom.make_env(task)
+        assert call(second, "import math\nprint(math.tau)") == "6.283185307179586\n"
+    finally:
+        dom.close()
 
 
 def test_episode_wrong_and_malformed_answers() -> None:

@@ -14,6 +14,7 @@ local port, the engine keeps running, and, when confined, no process of the sand
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import os
 import secrets
@@ -30,7 +31,8 @@ import pytest
 
 from whale_lab import confine
 from whale_lab.config import SandboxConfig
-from whale_lab.domains.interpreter import InterpreterLimits, run_python
+from whale_lab.domains.interpreter import InterpreterLimits, PythonResult, run_python
+from whale_lab.domains.tool_worker import ToolWorkers
 from whale_lab.harness.host import HarnessHost, HarnessLoadError
 
 CORPUS = Path(__file__).parent / "hostile"
@@ -46,6 +48,9 @@ CANARY_ENV = "WHALE_LAB_TEST_SECRET_TOKEN"
 
 FAST = SandboxConfig(call_timeout_s=0.5, memory_mb=300, max_output_chars=400)
 TOOL_LIMITS = InterpreterLimits(timeout_s=1.0, memory_mb=256, max_output_chars=400)
+# The warm path's limits: more wall time, since fill_tmp's 16000 files take 0.4 s on a quiet
+# machine and a loaded one can double that (the cold test above keeps its 1 s).
+WARM_TOOL_LIMITS = dataclasses.replace(TOOL_LIMITS, timeout_s=2.0)
 OUTCOMES = {
     "load_error",
     "ok",
@@ -305,6 +310,45 @@ def test_hostile_tool_code(path: Path, targets: Targets) -> None:
     if exp.needs_os and not CONF.confined:
         pytest.skip(NOT_CONFINED)
     result = run_python(targets.substitute(path.read_text(encoding="utf-8")), TOOL_LIMITS)
+    check_tool_result(exp, result)
+    assert_nothing_leaked(targets, [result.stdout, result.error])
+
+
+@pytest.mark.parametrize("path", TOOLS, ids=[p.stem for p in TOOLS])
+def test_hostile_tool_code_on_a_warm_worker(path: Path, targets: Targets) -> None:
+    """The same attacks through the warm path: the worker that ran one must not carry it into
+    the episode's next call or into another episode, and no process outlives the pool."""
+    exp = expectation(path)
+    if exp.needs_os and not CONF.confined:
+        pytest.skip(NOT_CONFINED)
+    pool = ToolWorkers(WARM_TOOL_LIMITS, spares=0)
+    seen: set[str] = set()
+    try:
+        session = pool.session()
+        assert session.run("print('warm')").stdout == "warm\n"
+        for pid in pool.pids():
+            seen.update(_namespace_of_children(pid) if CONF.confined else [])
+        result = session.run(targets.substitute(path.read_text(encoding="utf-8")))
+        check_tool_result(exp, result)
+        after = session.run("print('after')")  # the episode's next call (a fresh worker if need be)
+        assert after.ok and after.stdout == "after\n", after
+        for pid in pool.pids():
+            seen.update(_namespace_of_children(pid) if CONF.confined else [])
+        session.end()
+        other = pool.session().run("import os\nprint(sorted(os.listdir('.'))[:3])")
+        assert other.ok and not other.stdout.startswith("['f0'"), other  # nothing left in /tmp
+        texts = [result.stdout, result.error, after.stdout, after.error, other.stdout, other.error]
+    finally:
+        pool.close()
+    assert_nothing_leaked(targets, texts)
+    deadline = time.monotonic() + 5.0
+    while seen and _processes_in(seen) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not seen or _processes_in(seen) == [], "a sandbox process outlived the worker pool"
+
+
+def check_tool_result(exp: Expect, result: PythonResult) -> None:
+    """The outcome a tool snippet's docstring expects."""
     if exp.outcome == "ok":
         assert result.ok, result.error
     elif exp.outcome == "error":
@@ -315,4 +359,3 @@ def test_hostile_tool_code(path: Path, targets: Targets) -> None:
         assert result.ok, result.error
         lines = [ln for ln in result.stdout.splitlines() if ln.strip()]
         assert lines and all(ln.startswith(exp.text) for ln in lines), result.stdout
-    assert_nothing_leaked(targets, [result.stdout, result.error])

@@ -9,6 +9,10 @@ Where the machine allows it the process is also confined by the operating system
 (`whale_lab.confine`): no network, its own PID namespace, a read-only view of the interpreter and
 its standard library only (so no whale_lab, no data, no run folder), a private /tmp. The
 interpreter runs without site-packages and writes no bytecode in either case.
+
+`run_python` starts one such process per call (the cold path). The math environment keeps a warm
+worker per episode instead (`tool_worker.py`: the same sandbox and limits, code sent over a pipe);
+both report through `outcome`, so a call reads the same whichever path ran it.
 """
 
 from __future__ import annotations
@@ -84,7 +88,12 @@ class PythonResult:
 
 def _read_capped(path: Path, max_chars: int) -> tuple[str, bool]:
     with open(path, "rb") as fh:
-        data = fh.read(max_chars * 4 + 4)
+        return decode_capped(fh.read(max_chars * 4 + 4), max_chars)
+
+
+def decode_capped(data: bytes, max_chars: int) -> tuple[str, bool]:
+    """At most `max_chars` characters of output read as up to `max_chars * 4 + 4` bytes, and
+    whether there was more."""
     text = data.decode("utf-8", errors="replace")
     if len(text) > max_chars:
         return text[:max_chars], True
@@ -96,6 +105,39 @@ def _tail(text: str, max_chars: int) -> str:
     if len(text) <= max_chars:
         return text
     return "..." + text[-max_chars:]
+
+
+@dataclass(frozen=True)
+class ProcessLimits:
+    """The numbers handed to the interpreter for one set of InterpreterLimits."""
+
+    memory_bytes: int  # RLIMIT_AS (0: none)
+    cpu_s: int  # RLIMIT_CPU per call
+    file_bytes: int  # RLIMIT_FSIZE: caps each output file a little above what is read back
+    env: dict[str, str]  # extra environment: one thread for numeric libraries
+
+
+def process_limits(limits: InterpreterLimits) -> ProcessLimits:
+    """One reading of the limits for the cold and the warm path, so both apply the same."""
+    mem = limits.memory_mb * 1024 * 1024 if limits.memory_mb > 0 else 0
+    cpu = max(1, int(limits.timeout_s) + 1)
+    fsize = max(4096, limits.max_output_chars * 4 + 1024)
+    threads = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    return ProcessLimits(mem, cpu, fsize, threads)
+
+
+def unconfined_env(home: str, extra: dict[str, str]) -> dict[str, str]:
+    """The environment of an unconfined interpreter: nothing of the engine's but PATH."""
+    return {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": home,
+        "TMPDIR": home,
+        "LANG": "C.UTF-8",
+        "PYTHONIOENCODING": "utf-8",
+        "PYTHONHASHSEED": "0",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        **extra,
+    }
 
 
 def run_python(code: str, limits: InterpreterLimits | None = None) -> PythonResult:
@@ -111,16 +153,13 @@ def run_python(code: str, limits: InterpreterLimits | None = None) -> PythonResu
         src = tmp_path / "main.py"
         src.write_text(code, encoding="utf-8")
         out_path, err_path = tmp_path / "stdout", tmp_path / "stderr"
-        mem = limits.memory_mb * 1024 * 1024 if limits.memory_mb > 0 else 0
-        cpu = max(1, int(limits.timeout_s) + 1)
-        fsize = max(4096, max_chars * 4 + 1024)
-        threads = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        limit_args = [str(mem), str(cpu), str(fsize)]
+        lim = process_limits(limits)
+        limit_args = [str(lim.memory_bytes), str(lim.cpu_s), str(lim.file_bytes)]
         # -I: no environment, no user site, no script folder; -S: no site-packages (no whale_lab);
         # -B: no bytecode written anywhere.
         wrapped: confine.Wrapped | None = None
         if conf.confined:
-            env = confine.clean_env(threads)
+            env = confine.clean_env(lim.env)
             cmd = [confine.python_executable(), "-I", "-S", "-B", "-c", _WRAPPER]
             wrapped = confine.wrap(
                 [*cmd, *limit_args, CODE_PATH],
@@ -130,16 +169,7 @@ def run_python(code: str, limits: InterpreterLimits | None = None) -> PythonResu
             )
             cmd, fds = wrapped.argv, wrapped.pass_fds
         else:
-            env = {
-                "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                "HOME": tmp,
-                "TMPDIR": tmp,
-                "LANG": "C.UTF-8",
-                "PYTHONIOENCODING": "utf-8",
-                "PYTHONHASHSEED": "0",
-                "PYTHONDONTWRITEBYTECODE": "1",
-                **threads,
-            }
+            env = unconfined_env(tmp, lim.env)
             cmd = [sys.executable, "-I", "-S", "-B", "-c", _WRAPPER, *limit_args, str(src)]
             fds = ()
         timed_out = False
@@ -170,15 +200,28 @@ def run_python(code: str, limits: InterpreterLimits | None = None) -> PythonResu
                 proc.wait()
         stdout, truncated = _read_capped(out_path, max_chars)
         stderr, _ = _read_capped(err_path, max_chars)
+    return outcome(stdout, truncated, stderr, proc.returncode, timed_out, conf.confined, limits)
 
+
+def outcome(
+    stdout: str,
+    truncated: bool,
+    stderr: str,
+    rc: int,
+    timed_out: bool,
+    confined: bool,
+    limits: InterpreterLimits,
+) -> PythonResult:
+    """The result of one run from what it printed and how it ended: one wording for every path."""
+    max_chars = limits.max_output_chars
+    cpu = process_limits(limits).cpu_s
     if truncated:
         stdout += f"\n... [output truncated at {max_chars} characters]"
-    rc = proc.returncode
     if timed_out:
         error = f"TimeoutError: the code ran longer than {limits.timeout_s:g} s and was stopped"
     elif rc == 0:
         error = ""
-    elif (sig := confine.exit_signal(rc, conf.confined)) is not None:
+    elif (sig := confine.exit_signal(rc, confined)) is not None:
         try:
             name = signal.Signals(sig).name
         except ValueError:

@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from whale_lab.config import split_seed
 from whale_lab.domains.actions import normalise_answer_or_tool
 from whale_lab.domains.base import SPLITS, Action, Domain, Env, Split, StepOutcome, Task
-from whale_lab.domains.interpreter import InterpreterLimits, run_python
+from whale_lab.domains.interpreter import InterpreterLimits, PythonResult, run_python
 from whale_lab.domains.loaders import SPLIT_ORDER, fit_split_sizes, load_math_file, split_indices
 from whale_lab.domains.math_problems import STREAM_CAPACITY, ProblemStream
 from whale_lab.domains.text import normalize_latex, parse_number, to_fraction
+from whale_lab.domains.tool_worker import ToolSession, ToolWorkers
 
 if TYPE_CHECKING:
     from whale_lab.config import Config
@@ -62,11 +64,20 @@ def normalise_math_action(raw: Any, tools: Sequence[str] = TOOLS) -> Action:
 
 
 class MathEnv(Env):
-    """One problem: python calls give observations; the first answer ends the episode."""
+    """One problem: python calls give observations; the first answer ends the episode.
 
-    def __init__(self, task: Task, limits: InterpreterLimits) -> None:
+    With `tools` (the domain's warm workers) the episode's calls share one worker, stopped in
+    `final_info`, which the rollout calls once when the episode ends; without, each call starts
+    a fresh interpreter.
+    """
+
+    def __init__(
+        self, task: Task, limits: InterpreterLimits, tools: ToolWorkers | None = None
+    ) -> None:
         self.task = task
         self.limits = limits
+        self._tools = tools
+        self._session: ToolSession | None = None
         self.python_calls = 0
         self.python_errors = 0
         self.answer: str | None = None
@@ -90,7 +101,7 @@ class MathEnv(Env):
             )
         if action.kind == "tool" and action.tool == "python":
             code = str(action.args.get("code", ""))
-            result = run_python(code, self.limits)
+            result = self._run_python(code)
             self.python_calls += 1
             if result.error:
                 self.python_errors += 1
@@ -103,7 +114,17 @@ class MathEnv(Env):
         detail = action.reason or f"unsupported action {action.kind!r} {action.tool!r}".strip()
         return StepOutcome(feedback_kind="format", feedback_detail=detail)
 
+    def _run_python(self, code: str) -> PythonResult:
+        if self._tools is None:
+            return run_python(code, self.limits)
+        if self._session is None:
+            self._session = self._tools.session(self.limits)
+        return self._session.run(code)
+
     def final_info(self) -> dict[str, Any]:
+        if self._session is not None:  # the episode is over: its worker must not serve another
+            self._session.end()
+            self._session = None
         return {
             "python_calls": self.python_calls,
             "python_errors": self.python_errors,
@@ -154,6 +175,8 @@ class MathDomain(Domain):
         self._splits = {s: list(splits[s]) for s in SPLITS if s in splits}
         self._generate = generate  # fills in a missing split on first use
         self.limits = limits
+        self._tools = ToolWorkers(limits)  # started on the first python call
+        weakref.finalize(self, self._tools.close)  # a domain dropped without close()
 
     # ---------------------------------------------------------------- construction
 
@@ -219,7 +242,11 @@ class MathDomain(Domain):
         return list(self._splits[split])
 
     def make_env(self, task: Task) -> MathEnv:
-        return MathEnv(task, self.limits)
+        return MathEnv(task, self.limits, self._tools)
 
     def normalise_action(self, raw: Any) -> Action:
         return normalise_math_action(raw, TOOLS)
+
+    def close(self) -> None:
+        """Stop every tool worker (a later python call starts a worker of its own again)."""
+        self._tools.close()
