@@ -1,40 +1,173 @@
-"""Rollout throughput: the engine against a plain batched `generate` and a per-episode loop.
+"""Rollout throughput: the engine against plain batched generation and a per-episode loop.
 
-All three generate the same completions for the same prompts in one run, so the ratios are fair:
-(a) the rollout engine (harness host, environment, traces included);
-(b) the upper bound: the same turn prompts as one plain batched `model.generate` per turn, forced to
-    the same lengths; and
-(c) what a research script typically does: one `generate` call per episode and turn.
+Every arm generates for the same turn prompts, so the ratios compare like with like:
+(a) engine: the rollout engine (`score_harness`: harness host, environment, tools, traces);
+(b) upper: the engine's turn prompts as plain batched `model.generate` calls (chunks of
+    `sampling.batch_size`, each forced to its longest completion), sampling as `cfg.sampling` says;
+(b') upper_cb: the same turn prompts through the backend's continuous batching with no harness,
+    environment or tools (the same calls the engine makes, so the same completions);
+(c) loop: what a research script typically does: one `generate` per episode and turn, on episodes
+    spread over every task.
 
-    python benchmarks/rollout_throughput.py --domain math --tasks 16 --k 8
+Each arm is warmed first, then the arms alternate over `--rounds` rounds. Time is CPU seconds of
+this process and its children (`os.times`), the only figure stable on a shared machine; ratios are
+the median of the per-round ratios (min and max beside it).
 
-Targets: (a)/(b) >= 0.85 and (a)/(c) >= 4 at k = 8.
+    OMP_NUM_THREADS=1 python benchmarks/rollout_throughput.py --domain math --tasks 16 --k 8
+
+Targets at k = 8: engine / upper >= 0.85, engine / loop >= 4, decode-slot use >= 70%.
+`--static` runs the backend's padded path (one `model.generate` per chunk) for comparison.
+`--json` prints one JSON object instead of the table.
 """
 
 from __future__ import annotations
 
 import argparse
-import time
+import json
+import os
+import statistics
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
+import whale_lab.rollout as rollout
+from whale_lab.backends.base import SamplingParams
 from whale_lab.backends.hf import HFBackend
-from whale_lab.config import load_config
+from whale_lab.config import Config, load_config
 from whale_lab.domains import make_domain
+from whale_lab.domains.base import Domain, Task
 from whale_lab.evaluate import default_harness_path, sampling_params, score_harness
+from whale_lab.harness import HarnessHost
 from whale_lab.quiet import quiet_libraries
+from whale_lab.trace import EpisodeTrace
 
 
-def _plain_generate(backend: HFBackend, prompts: list[list[int]], new_tokens: int) -> None:
+def cpu_now() -> tuple[float, float]:
+    """(this process, reaped children) CPU seconds."""
+    t = os.times()
+    return t.user + t.system, t.children_user + t.children_system
+
+
+def cpu_total() -> float:
+    return sum(cpu_now())
+
+
+@dataclass
+class Split:
+    """Where the engine arm's CPU went, besides generation."""
+
+    tool_self: float = 0.0  # environment steps (tools included), in this process
+    tool_children: float = 0.0  # tool processes reaped during the steps
+    host_self: float = 0.0  # render/parse round trips, this side
+
+    def reset(self) -> None:
+        self.tool_self = self.tool_children = self.host_self = 0.0
+
+
+SPLIT = Split()
+_LOCK = threading.Lock()
+
+
+@contextmanager
+def _timed(add: Callable[[float, float], None]) -> Iterator[None]:
+    s0, c0 = cpu_now()
+    try:
+        yield
+    finally:
+        s1, c1 = cpu_now()
+        with _LOCK:
+            add(s1 - s0, c1 - c0)
+
+
+def _instrument() -> None:
+    """Count environment steps and harness round trips (module attributes, read at call time)."""
+    step_all = rollout._step_all
+
+    def timed_steps(pairs: list[Any]) -> list[Any]:
+        def add(s: float, c: float) -> None:
+            SPLIT.tool_self += s
+            SPLIT.tool_children += c
+
+        with _timed(add):
+            return step_all(pairs)
+
+    rollout._step_all = timed_steps  # type: ignore[assignment]
+    for name in ("render", "parse"):
+        method = getattr(HarnessHost, name)
+
+        def wrapped(self: HarnessHost, requests: Any, _m: Any = method) -> Any:
+            def add(s: float, c: float) -> None:
+                SPLIT.host_self += s
+
+            with _timed(add):
+                return _m(self, requests)
+
+        setattr(HarnessHost, name, wrapped)
+
+
+def run_engine(cfg: Config, domain: Domain, backend: HFBackend, tasks: list[Task], k: int,
+               params: SamplingParams) -> list[EpisodeTrace]:
+    report = score_harness(domain, default_harness_path(cfg), tasks, k, backend, params,
+                           sandbox=cfg.sandbox, batch_episodes=len(tasks) * k,
+                           max_context_tokens=cfg.model.max_context_tokens)
+    return list(report.traces)
+
+
+def turn_calls(traces: list[EpisodeTrace]) -> list[list[tuple[Any, int]]]:
+    """The engine's generate calls: per turn, (messages, completion tokens) in call order."""
+    calls: list[list[tuple[Any, int]]] = []
+    for tr in traces:  # traces come in job order, the order of each turn's call
+        for i, turn in enumerate(tr.turns):
+            while len(calls) <= i:
+                calls.append([])
+            calls[i].append((turn.prompt, turn.completion_tokens))
+    return calls
+
+
+def plain_generate(backend: HFBackend, cfg: Config, prompts: list[list[int]], new_tokens: int) -> None:
+    """One plain left-padded `model.generate`, forced to `new_tokens`, sampling per cfg.sampling."""
+    s = cfg.sampling
     tok, model = backend.tokenizer, backend.model
     width = max(len(p) for p in prompts)
     pad = tok.pad_token_id
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    sampling: dict[str, Any] = (
+        {"do_sample": False} if s.temperature == 0.0
+        else {"do_sample": True, "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p}
+    )
     with torch.inference_mode():
-        model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0,
-                       top_k=20, top_p=1.0, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                       pad_token_id=pad)
+        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
+                       min_new_tokens=new_tokens, pad_token_id=pad, **sampling)
+
+
+def run_upper(backend: HFBackend, cfg: Config, calls: list[list[tuple[list[int], int]]]) -> None:
+    size = cfg.sampling.batch_size
+    for rows in calls:
+        for start in range(0, len(rows), size):
+            chunk = rows[start:start + size]
+            plain_generate(backend, cfg, [p for p, _ in chunk], max(1, max(n for _, n in chunk)))
+
+
+def run_upper_cb(backend: HFBackend, calls: list[list[tuple[Any, int]]], params: SamplingParams,
+                 stop: tuple[str, ...]) -> int:
+    p = replace(params, stop=stop) if stop else params
+    return sum(g.completion_tokens for rows in calls
+               for g in backend.generate([m for m, _ in rows], p))
+
+
+def run_loop(backend: HFBackend, cfg: Config, episodes: list[list[tuple[list[int], int]]]) -> None:
+    for turns in episodes:
+        for prompt, n in turns:
+            plain_generate(backend, cfg, [prompt], max(1, n))
+
+
+def ratio_stats(xs: list[float]) -> dict[str, float]:
+    return {"min": min(xs), "median": statistics.median(xs), "max": max(xs)}
 
 
 def main() -> None:
@@ -43,56 +176,139 @@ def main() -> None:
     ap.add_argument("--model", default="micro")
     ap.add_argument("--tasks", type=int, default=16)
     ap.add_argument("--k", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--loop-episodes", type=int, default=16,
-                    help="episodes timed for the per-episode loop (it is slow; tokens/s is what counts)")
+                    help="episodes timed for the per-episode loop, spread over all tasks")
+    ap.add_argument("--batch-size", type=int, default=None, help="sampling.batch_size")
+    ap.add_argument("--static", action="store_true",
+                    help="the backend's padded path instead of continuous batching")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error("--rounds must be >= 1")
     quiet_libraries()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    cfg = load_config(None, [f"domain.name={args.domain}", f'model.path="{args.model}"',
-                             f"domain.splits.val={args.tasks}"])
+    overrides = [f"domain.name={args.domain}", f'model.path="{args.model}"',
+                 f"domain.splits.val={args.tasks}"]
+    if args.batch_size is not None:
+        overrides.append(f"sampling.batch_size={args.batch_size}")
+    cfg = load_config(None, overrides)
     domain = make_domain(cfg)
     backend = HFBackend.from_config(cfg)
+    backend.continuous = not args.static
     tasks = domain.tasks("val")[: args.tasks]
     params = sampling_params(cfg, seed=0)
+    probe = HarnessHost(default_harness_path(cfg), domain.name, cfg.sandbox)
+    try:  # the stop sequences the engine passes to the backend
+        harness_stop = tuple(probe.info.stop_sequences or ())
+    finally:
+        probe.close()
+    _instrument()
 
-    # (a) the rollout engine
-    t0 = time.perf_counter()
-    report = score_harness(domain, default_harness_path(cfg), tasks, args.k, backend, params,
-                           sandbox=cfg.sandbox, batch_episodes=len(tasks) * args.k)
-    engine_s = time.perf_counter() - t0
-    traces = report.traces
-    tokens = sum(t.completion_tokens for t in traces)
-    engine_tps = tokens / engine_s
+    # Warm every arm on a small slice (imports, allocator, thread pools, the host binary).
+    warm = run_engine(cfg, domain, backend, tasks[:2], 2, params)
+    warm_calls = turn_calls(warm)
+    warm_ids = [[(backend.encode_chat(m), n) for m, n in rows] for rows in warm_calls]
+    run_upper(backend, cfg, warm_ids)
+    run_upper_cb(backend, warm_calls, params, harness_stop)
+    run_loop(backend, cfg, [[(backend.encode_chat(t.prompt), t.completion_tokens)
+                             for t in tr.turns] for tr in warm[:2]])
 
-    # (b) plain batched generate over the same turn prompts, same lengths
-    by_turn: dict[int, list[tuple[list[int], int]]] = {}
-    for tr in traces:
-        for i, turn in enumerate(tr.turns):
-            by_turn.setdefault(i, []).append((backend.encode_chat(turn.prompt), turn.completion_tokens))
-    t0 = time.perf_counter()
-    for rows in by_turn.values():
-        _plain_generate(backend, [p for p, _ in rows], max(1, max(n for _, n in rows)))
-    plain_s = time.perf_counter() - t0
-    plain_tps = tokens / plain_s
+    rounds: list[dict[str, float]] = []
+    slot_use: list[float] = []
+    fill: list[float] = []
+    shares: list[tuple[float, float]] = []
+    tokens = episodes = turns = 0
+    same_tokens = True
+    for _ in range(args.rounds):
+        SPLIT.reset()
+        backend.decode_stats.reset()
+        c0 = cpu_now()
+        traces = run_engine(cfg, domain, backend, tasks, args.k, params)
+        c1 = cpu_now()
+        engine_s = sum(c1) - sum(c0)
+        slot_use.append(backend.decode_stats.slot_use)
+        fill.append(backend.decode_stats.fill)
+        host_children = (c1[1] - c0[1]) - SPLIT.tool_children
+        shares.append(((SPLIT.tool_self + SPLIT.tool_children) / engine_s,
+                       (SPLIT.host_self + host_children) / engine_s))
+        tokens = sum(t.completion_tokens for t in traces)
+        episodes, turns = len(traces), sum(t.n_turns for t in traces)
+        calls = turn_calls(traces)
+        ids = [[(backend.encode_chat(m), n) for m, n in rows] for rows in calls]
+        stride = max(1, len(traces) // max(1, args.loop_episodes))
+        subset = traces[::stride][: args.loop_episodes]
+        loop_eps = [[(backend.encode_chat(t.prompt), t.completion_tokens) for t in tr.turns]
+                    for tr in subset]
+        loop_tokens = sum(t.completion_tokens for t in subset)
 
-    # (c) a per-episode loop of single generations, on a subset
-    subset = traces[: args.loop_episodes]
-    loop_tokens = sum(t.completion_tokens for t in subset)
-    t0 = time.perf_counter()
-    for tr in subset:
-        for turn in tr.turns:
-            _plain_generate(backend, [backend.encode_chat(turn.prompt)], max(1, turn.completion_tokens))
-    loop_s = time.perf_counter() - t0
-    loop_tps = loop_tokens / loop_s
+        t0 = cpu_total()
+        run_upper(backend, cfg, ids)
+        upper_s = cpu_total() - t0
+        t0 = cpu_total()
+        cb_tokens = run_upper_cb(backend, calls, params, harness_stop)
+        upper_cb_s = cpu_total() - t0
+        same_tokens = same_tokens and cb_tokens == tokens
+        t0 = cpu_total()
+        run_loop(backend, cfg, loop_eps)
+        loop_s = cpu_total() - t0
+        rounds.append({
+            "engine": tokens / engine_s,
+            "upper": tokens / upper_s,
+            "upper_cb": cb_tokens / upper_cb_s,
+            "loop": loop_tokens / max(loop_s, 1e-9),
+        })
 
-    print(f"domain {args.domain}, model {cfg.model.path}, {len(tasks)} tasks x k={args.k} "
-          f"= {len(traces)} episodes, {tokens} completion tokens, "
-          f"{sum(t.n_turns for t in traces)} turns")
-    print(f"(a) rollout engine       {engine_tps:9.1f} tok/s  ({engine_s:.2f} s)")
-    print(f"(b) plain batched gen    {plain_tps:9.1f} tok/s  ({plain_s:.2f} s)")
-    print(f"(c) per-episode loop     {loop_tps:9.1f} tok/s  ({loop_s:.2f} s on {len(subset)} episodes)")
-    print(f"engine / batched upper bound = {engine_tps / plain_tps:.2f}  (target >= 0.85)")
-    print(f"engine / per-episode loop    = {engine_tps / loop_tps:.2f}  (target >= 4)")
+    def med(key: str) -> float:
+        return statistics.median(r[key] for r in rounds)
+
+    vs_upper = [r["engine"] / r["upper"] for r in rounds]
+    vs_cb = [r["engine"] / r["upper_cb"] for r in rounds]
+    vs_loop = [r["engine"] / r["loop"] for r in rounds]
+    result = {
+        "engine_tok_per_cpu_s": med("engine"),
+        "upper_tok_per_cpu_s": med("upper"),
+        "loop_tok_per_cpu_s": med("loop"),
+        "engine_vs_upper": statistics.median(vs_upper),
+        "engine_vs_loop": statistics.median(vs_loop),
+        "decode_slot_use": statistics.median(slot_use),
+        "tool_share": statistics.median(s[0] for s in shares),
+        "host_share": statistics.median(s[1] for s in shares),
+        "decode_fill": statistics.median(fill),
+        "upper_cb_tok_per_cpu_s": med("upper_cb"),
+        "engine_vs_upper_cb": statistics.median(vs_cb),
+        "engine_vs_upper_range": ratio_stats(vs_upper),
+        "engine_vs_upper_cb_range": ratio_stats(vs_cb),
+        "engine_vs_loop_range": ratio_stats(vs_loop),
+        "upper_cb_same_tokens": same_tokens,
+        "domain": args.domain, "model": cfg.model.path, "tasks": len(tasks), "k": args.k,
+        "episodes": episodes, "turns": turns, "completion_tokens": tokens,
+        "batch_size": cfg.sampling.batch_size, "rounds": args.rounds,
+        "path": "static" if args.static else "continuous",
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS", ""),
+        "torch_threads": torch.get_num_threads(),
+    }
+    if args.json:
+        print(json.dumps(result))
+        return
+    print(f"domain {args.domain}, model {cfg.model.path}, {len(tasks)} tasks x k={args.k} = "
+          f"{episodes} episodes, {turns} turns, {tokens} completion tokens; "
+          f"{result['path']} backend, batch {cfg.sampling.batch_size}, {args.rounds} rounds, "
+          f"torch threads {torch.get_num_threads()}")
+    print(f"(a)  engine           {result['engine_tok_per_cpu_s']:8.1f} tok/CPU-s")
+    print(f"(b)  plain batched    {result['upper_tok_per_cpu_s']:8.1f} tok/CPU-s")
+    print(f"(b') backend, bare    {result['upper_cb_tok_per_cpu_s']:8.1f} tok/CPU-s"
+          f"  (same tokens as the engine: {same_tokens})")
+    print(f"(c)  per-episode loop {result['loop_tok_per_cpu_s']:8.1f} tok/CPU-s")
+    for name, key, target in (("engine / plain batched", "engine_vs_upper", ">= 0.85"),
+                              ("engine / backend bare", "engine_vs_upper_cb", ""),
+                              ("engine / per-episode loop", "engine_vs_loop", ">= 4")):
+        r = result[f"{key}_range"]
+        print(f"{name:26} = {result[key]:.2f}  (min {r['min']:.2f}, max {r['max']:.2f})"
+              + (f"  target {target}" if target else ""))
+    print(f"decode-slot use {result['decode_slot_use']:.0%} (target >= 70%; with the tail of "
+          f"each call, when the batch drains: {result['decode_fill']:.0%}); "
+          f"CPU share of tools {result['tool_share']:.0%}, of the harness host "
+          f"{result['host_share']:.0%}")
 
 
 if __name__ == "__main__":
