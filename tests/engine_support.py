@@ -46,6 +46,9 @@ def engine_config(folder: Path, **sections: dict[str, Any]) -> Config:
         },
         "harness_search": {"candidates_per_iteration": 2, "smoke_tasks": 2},
         "approval": {"mode": "auto"},
+        # every evaluation point scores val and test, so the engine tests can check the pairs
+        # (the default scores test only at new bests on val: tests/test_eval_cost.py)
+        "eval": {"test_every": "always"},
     }
     for name, values in sections.items():
         base.setdefault(name, {}).update(values)

@@ -2,9 +2,12 @@
 
 The recorded sequence of (event type, phase, cycle, candidate id, step, task, reward, scores) and the key sets of
 `state.json` and `result.json` were written by the engine before it was split by concern; any
-restructuring must reproduce them exactly. Regenerated once since, for an intended change: paired
+restructuring must reproduce them exactly. Regenerated since, for intended changes: paired
 acceptance scores the incoming harness a second time to measure the noise floor (three more
-harness episodes in cycle 1, nothing else moved). Regenerate (only for an intended behaviour change) with
+harness episodes in cycle 1, nothing else moved); test is scored only where val reaches a new
+best (`eval.test_every = "best"`: the two weight-phase points lost their test result and its 12
+episodes, nothing else moved); the hf backend's continuous batching gives each row its own seeded
+sampling stream (the same event types, phases and steps; other sampled rewards). Regenerate (only for an intended behaviour change) with
 
     WHALE_LAB_GOLDEN_WRITE=1 .venv/bin/python -m pytest tests/test_engine_golden.py
 """

@@ -94,7 +94,8 @@ def test_no_accepted_rollout_means_no_update_but_the_step_counts(tmp_path: Path)
 
 
 def test_evaluations_checkpoint_and_track_the_best_by_val(tmp_path: Path) -> None:
-    cfg = tiny_config(rsft={"eval_every": 0.25})  # every 2 prompts = every step
+    # every 2 prompts = every step; test at every point, not only at new bests on val
+    cfg = tiny_config(rsft={"eval_every": 0.25}, eval={"test_every": "always"})
     phase, events = make_phase(tmp_path / "run", cfg)
     phase.run(write_harness(tmp_path), epochs=0.5, eval_at_start=True)
     evals = [e for e in events if isinstance(e, EvalResult)]

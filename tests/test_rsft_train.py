@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from whale_lab.commands.train import run_train
-from whale_lab.config import config_from_dict
+from whale_lab.config import EvalConfig, config_from_dict
 from whale_lab.events import EvalResult, RunFinished, RunStarted, WeightStep
 from whale_lab.store import RunStore, read_json
 
@@ -36,7 +36,8 @@ def test_train_runs_the_budget_evaluates_and_refuses_to_redo_a_finished_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = tmp_path / "run"
-    assert run_train(math_cfg(), run_dir=run, progress=False) == 0
+    cfg = math_cfg().replace(eval=EvalConfig(test_every="always"))  # val and test at every point
+    assert run_train(cfg, run_dir=run, progress=False) == 0
     events = RunStore.read_events(run)
     started = [e for e in events if isinstance(e, RunStarted)]
     assert len(started) == 1 and started[0].schedule == "weight-only" and not started[0].resumed
@@ -50,13 +51,13 @@ def test_train_runs_the_budget_evaluates_and_refuses_to_redo_a_finished_run(
     out = capsys.readouterr()
     assert "best by val" in out.out and f"run: {run}" in out.out
 
-    assert run_train(math_cfg(), run_dir=run, resume=True, progress=False) == 0
+    assert run_train(cfg, run_dir=run, resume=True, progress=False) == 0
     assert "already complete" in capsys.readouterr().err
     assert len([e for e in RunStore.read_events(run) if isinstance(e, WeightStep)]) == 2
 
     # Killed after the last step but before the run was marked complete: nothing is redone.
     (run / "state.json").write_text(json.dumps({**state, "status": "stopped"}))
-    assert run_train(math_cfg(), run_dir=run, resume=True, progress=False) == 0
+    assert run_train(cfg, run_dir=run, resume=True, progress=False) == 0
     events = RunStore.read_events(run)
     assert len([e for e in events if isinstance(e, WeightStep)]) == 2
     assert len([e for e in events if isinstance(e, EvalResult)]) == 6

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from whale_lab.config import Config, find_default_config, load_config
 from whale_lab.errors import WhaleLabError
+from whale_lab.threads import configure as configure_threads
 
 
 def _add_common(p: argparse.ArgumentParser, *, top: bool = False) -> None:
@@ -209,6 +210,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    configure_threads()  # before anything imports torch, which reads the count at import
     try:
         return _dispatch(args)
     except KeyboardInterrupt:

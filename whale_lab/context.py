@@ -10,7 +10,7 @@ settings, the context limit and the wave size from the config, so no caller thre
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -178,6 +178,51 @@ class Evaluator:
             should_stop=should_stop,
             host=host,
         )
+
+    def score_splits(
+        self,
+        harness_path: str | Path,
+        splits: Sequence[tuple[str, Sequence[Task], SamplingParams]],
+        k: int,
+        *,
+        sink: Callable[[str], Callable[[EpisodeTrace], None] | None] | None = None,
+        wanted: Callable[[str, Mapping[str, EvalReport]], bool] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+        host: Any = None,
+    ) -> dict[str, EvalReport]:
+        """The splits of one evaluation point under one harness host, in one call.
+
+        Each split keeps its own sampling seed and its own waves, so it scores exactly as it
+        would alone (a generation call takes one seed; mixing splits in one call would change
+        the samples). `wanted(split, done)` sees the splits scored so far and may skip a later
+        one (test only where val is a new best); `sink(split)` gives that split's episode sink.
+        Returns the splits scored; a stop leaves the cut split last, with fewer rollouts than
+        its tasks x k (a part of a split is not a score), and scores nothing after it.
+        """
+        own_host = host is None
+        if own_host:
+            host = self.host(harness_path)
+        reports: dict[str, EvalReport] = {}
+        try:
+            for split, tasks, params in splits:
+                if wanted is not None and not wanted(split, reports):
+                    continue
+                report = self.score(
+                    harness_path,
+                    tasks,
+                    k,
+                    params,
+                    on_episode=sink(split) if sink is not None else None,
+                    should_stop=should_stop,
+                    host=host,
+                )
+                reports[split] = report
+                if report.rollouts < len(tasks) * k:
+                    break
+        finally:
+            if own_host:
+                host.close()
+        return reports
 
     def episodes(
         self,

@@ -1,7 +1,9 @@
 """Evaluation points and their checkpoints: val and test of the weights and harness in force.
 
-Every point evaluates both splits with the same checkpoint key, so selection can pick on val and
-report test at the same point. A point whose weights and harness are those of the last one is
+Every point scores val; test (which only feeds the report) is scored under the same checkpoint
+key where `eval.test_every` asks for it: by default only at points whose val is a new best of
+the run, so the checkpoint selection picks on val always has its test score beside it, and
+`"always"` scores it everywhere. A point whose weights and harness are those of the last one is
 skipped (it would measure the same thing again).
 """
 
@@ -11,11 +13,10 @@ import math
 import shutil
 import time
 from pathlib import Path
-from typing import Any
 
 from whale_lab.context import RunContext
 from whale_lab.engine.probe import val_params
-from whale_lab.engine.runbook import RunBook
+from whale_lab.engine.runbook import RunBook, file_sha
 from whale_lab.engine.safepoints import SafePoints
 from whale_lab.events import EvalResult, Log
 from whale_lab.store import atomic_write_json
@@ -30,9 +31,12 @@ class EvaluationPoints:
         self.points = points
 
     def evaluate_point(self, cycle: int, phase: str, key: str) -> bool:
-        """A val+test evaluation of the current weights and accepted harness (skipped when
-        neither changed since the last one). False when a stop interrupted it."""
+        """An evaluation of the current weights and accepted harness: val, and test where
+        `eval.test_every` asks for it (skipped when neither changed since the last point).
+        False when a stop interrupted it."""
         book = self.book
+        if self._weight_eval_is_current():
+            book.state.last_eval = book.identity()
         if book.state.last_eval == book.identity():
             self.ctx.emit(
                 Log(
@@ -59,36 +63,37 @@ class EvaluationPoints:
         harness = book.harness_path
         k = cfg.sampling.k
         evaluator = ctx.evaluator
-        reports: dict[str, Any] = {}
+        floor = None if cfg.eval.test_every == "always" else self._best_val_so_far()
+        splits = [
+            (split, list(ctx.domain.tasks(split)), val_params(cfg, idx))  # type: ignore[arg-type]
+            for idx, split in enumerate(("val", "test"))
+        ]
         host = evaluator.host(harness)
         try:
-            for idx, split in enumerate(("val", "test")):
-                tasks = list(ctx.domain.tasks(split))  # type: ignore[arg-type]
-                sink = ctx.sink(
-                    f"eval-{split}",
-                    phase="eval",
-                    harness=host.info.name,
-                    info={"cycle": cycle, "engine_eval": True},
-                )
-                report = evaluator.score(
-                    harness,
-                    tasks,
-                    k,
-                    val_params(cfg, idx),
-                    on_episode=sink,
-                    should_stop=self.points.eval_should_stop,
-                    host=host,
-                )
-                if report.rollouts < len(tasks) * k:
-                    return False
-                reports[split] = report
+            info = {"cycle": cycle, "engine_eval": True}
+            reports = evaluator.score_splits(
+                harness,
+                splits,
+                k,
+                sink=lambda split: ctx.sink(
+                    f"eval-{split}", phase="eval", harness=host.info.name, info=info
+                ),
+                wanted=lambda split, done: (
+                    split == "val" or floor is None or done["val"].mean_at_k > floor
+                ),
+                should_stop=self.points.eval_should_stop,
+                host=host,
+            )
         finally:
             host.close()
+        sizes = {split: len(tasks) * k for split, tasks, _ in splits}
+        if any(rep.rollouts < sizes[split] for split, rep in reports.items()):
+            return False
         folder = book.root / "checkpoints" / key
         folder.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(harness, folder / "harness.py")
         weights = self._weights_ref(folder)
-        val, test = reports["val"], reports["test"]
+        val, test = reports["val"], reports.get("test")
         meta = {
             "key": key,
             "cycle": cycle,
@@ -96,14 +101,16 @@ class EvaluationPoints:
             "harness": book.state.harness,
             "weights": weights,
             "val_mean_at_k": val.mean_at_k,
-            "test_mean_at_k": test.mean_at_k,
+            "test_mean_at_k": test.mean_at_k if test is not None else None,
             "k": k,
             "weight_rollouts": book.weight_rollouts(),
             "harness_rollouts": book.harness_rollouts(),
             "ts": time.time(),
         }
         atomic_write_json(folder / "checkpoint.json", meta)
-        book.state.eval_rollouts = int(book.state.eval_rollouts) + val.rollouts + test.rollouts
+        book.state.eval_rollouts = int(book.state.eval_rollouts) + sum(
+            rep.rollouts for rep in reports.values()
+        )
         book.state.checkpoints[book.rel(folder)] = meta
         for split, rep in reports.items():
             ctx.emit(
@@ -129,6 +136,28 @@ class EvaluationPoints:
         book.state.last_eval = book.identity()
         book.save()
         return True
+
+    def _best_val_so_far(self) -> float | None:
+        """The run's best val mean@k before this point: the engine's own points (their
+        checkpoints) and the weight phase's evaluations."""
+        vals = [
+            float(meta["val_mean_at_k"])
+            for meta in self.book.state.checkpoints.values()
+            if isinstance(meta, dict) and isinstance(meta.get("val_mean_at_k"), (int, float))
+        ]
+        r = self.book.rsft
+        if r is not None:
+            vals += [float(e.val) for e in r.evals]
+        return max(vals, default=None)
+
+    def _weight_eval_is_current(self) -> bool:
+        """Whether the weight phase's newest evaluation measured the weights and harness in force
+        now. The engine marks a weight-phase point as evaluated when its test result arrives;
+        a point that scored val alone (not a new best) sends none, so it is recognised here."""
+        r = self.book.rsft
+        if r is None or not r.evals or r.evals[-1].step != r.step or self._kept_since_eval():
+            return False
+        return file_sha(r.evals[-1].harness) == file_sha(self.book.harness_path)
 
     def _weights_ref(self, folder: Path) -> str:
         """Where the weights of an evaluation point can be found (saved now if nowhere)."""

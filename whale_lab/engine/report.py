@@ -43,7 +43,10 @@ class RunSummary:
     status: str = "unfinished"
     selected_val: float | None = None
     selected_test: float | None = None  # test score at the best-on-val checkpoint (reported)
-    best_test: float | None = None  # best test score over all checkpoints (the paper's way)
+    # best test score over the checkpoints scored on test (the paper's way); with
+    # eval.test_every = "best" those are only the points that were a new best on val
+    best_test: float | None = None
+    tested_points: int = 0  # evaluation points with a test score (what best_test is taken over)
     selected_checkpoint: str = ""
     weight_rollouts: int = 0
     harness_rollouts: int = 0
@@ -65,6 +68,13 @@ class RunSummary:
         return self.episodes.get(self.selected_checkpoint, {}).get(split, {})
 
 
+def _eval_split(ep: ev.EpisodeFinished) -> str:
+    """The split an evaluation episode was scored for, read from its trace file
+    (`traces/eval-<split>.jsonl`); "" when the episode does not say."""
+    stem = Path(ep.trace_path).stem if ep.trace_path else ""
+    return stem.removeprefix("eval-") if stem.startswith("eval-") else ""
+
+
 def summarise_run(run_dir: str | Path) -> RunSummary:
     store_events = RunStore.read_events(run_dir)
     s = RunSummary(run_dir=str(run_dir))
@@ -84,11 +94,14 @@ def summarise_run(run_dir: str | Path) -> RunSummary:
         elif isinstance(e, ev.EvalResult):
             key = e.checkpoint or f"{e.cycle}-{e.phase}"
             by_task: dict[str, list[float | None]] = {}
-            for ep in pending:
+            # a point scores its splits before it reports them: each result claims its own
+            # split's episodes (and those that name none)
+            mine = [ep for ep in pending if _eval_split(ep) in ("", e.split)]
+            for ep in mine:
                 invalid = ep.stop_reason == "backend_error"
                 by_task.setdefault(ep.task_id, []).append(None if invalid else ep.reward)
             s.episodes.setdefault(key, {})[e.split] = by_task
-            pending = []
+            pending = [ep for ep in pending if _eval_split(ep) not in ("", e.split)]
             if e.split == "val":
                 if key not in val_by_ckpt:
                     order.append(key)
@@ -113,11 +126,13 @@ def summarise_run(run_dir: str | Path) -> RunSummary:
             harness_rollouts=v.harness_rollouts, val=v.mean_at_k,
             test=t.mean_at_k if t else None, checkpoint=key, cycle=v.cycle, phase=v.phase))
     if s.curve:
-        # best on val; ties go to the earlier checkpoint (fewer rollouts)
-        best = max(s.curve, key=lambda p: (p.val, -p.rollouts))
+        # best on val; ties go to the checkpoint scored on test (the first to reach that val
+        # is), then to the earlier one (fewer rollouts)
+        best = max(s.curve, key=lambda p: (p.val, p.test is not None, -p.rollouts))
         s.selected_val, s.selected_test, s.selected_checkpoint = best.val, best.test, best.checkpoint
         tests = [p.test for p in s.curve if p.test is not None]
         s.best_test = max(tests) if tests else None
+        s.tested_points = len(tests)
     return s
 
 
@@ -160,9 +175,11 @@ def write_comparison(report_dir: str | Path, runs: list[RunSummary], *, title: s
     domain = runs[0].domain if runs else ""
     lines = [f"# {title or 'Schedule comparison'}" + (f" ({domain})" if domain else ""), "",
              "Test mean@k (%) at the checkpoint that is best on val, mean ± 95% t-interval across seeds. "
-             "The best-on-test column is the paper's way of selecting, shown for comparison only.", "",
-             "| schedule | seeds | test @ best val | best on test (paper's way) | weight rollouts | "
-             "harness rollouts | proposer tokens |",
+             "The best-on-test column is the paper's way of selecting, shown for comparison only; it "
+             "is taken over the evaluation points scored on test (with eval.test_every = \"best\", "
+             "only those that were a new best on val).", "",
+             "| schedule | seeds | test @ best val | best on test (paper's way) over tested points | "
+             "weight rollouts | harness rollouts | proposer tokens |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['schedule']} | {r['seeds']} | {_fmt(*r['test_at_best_val'])} | "

@@ -1,7 +1,9 @@
 """Selection without peeking: the checkpoint best on val, with its test score beside it.
 
 The best-on-test figure (the paper's way of reporting) is computed for comparison only and never
-chooses anything.
+chooses anything. It is taken over the evaluation points that have a test score: every point
+under `eval.test_every = "always"`, only the new bests on val under `"best"` (the default); the
+note beside it says over how many.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ def best(book: RunBook) -> dict[str, Any]:
         "best_on_test": s.best_test,
         "best_on_test_checkpoint": book.rel(on_test.checkpoint) if on_test else "",
         "selection": SELECTION_RULE,
-        "best_on_test_note": PAPER_RULE,
+        "best_on_test_note": f"{PAPER_RULE}; over the {len(tested)} of {len(s.curve)} "
+        "evaluation points scored on test",
     }
 
 

@@ -24,6 +24,7 @@ from whale_lab.events import Event
 from whale_lab.quiet import quiet_libraries
 from whale_lab.reviewers import ThreadReviewer
 from whale_lab.seams import Command, CommandChannel
+from whale_lab.threads import configure as configure_threads
 from whale_lab.tui.review_queue import ReviewQueue
 from whale_lab.tui.screens import StoppingScreen
 from whale_lab.tui.state import RunView
@@ -115,6 +116,7 @@ class EngineWorker(_AppBase):
             self.reviewer = ThreadReviewer(self.commands, on_request=self._on_review_request)
             self.reviews.attach(self.reviewer)
         self._engine_started = True
+        configure_threads(lambda message: self._notice("info", message))  # before torch loads
         self._forget_sent()
         self.engine_error = ""
         run_dir = str(self.run_root) if self.run_root is not None else None

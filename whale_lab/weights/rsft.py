@@ -21,7 +21,6 @@ state) is written, so a run killed at any moment resumes from its last completed
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -41,15 +40,15 @@ from whale_lab.events import (
     PhaseProgress,
     WeightStep,
 )
-from whale_lab.store import RunStore
+from whale_lab.store import RunStore, read_jsonl
 from whale_lab.trace import EpisodeTrace
-from whale_lab.weights.checkpoint import Checkpointer, CheckpointError
+from whale_lab.weights.checkpoint import Checkpointer
 from whale_lab.weights.lora import TrainableModel, WeightsError, attach, load_adapter_weights
+from whale_lab.weights.resume import EvalRecord, ResumablePhase
 from whale_lab.weights.sampler import PromptSampler
 from whale_lab.weights.sft import SftStats, accept, build_examples, end_token_id, sft_pass
 from whale_lab.weights.sync import SKIPPED, UNVERIFIED, SyncResult, WeightSync
 
-STATE_VERSION = 1
 StopWhen = Callable[[Sequence[WeightStep]], bool]
 
 
@@ -70,16 +69,6 @@ class PhaseResult:
     best_checkpoint: str = ""
 
 
-@dataclass
-class EvalRecord:
-    step: int
-    epoch: float
-    val: float
-    test: float | None
-    checkpoint: str
-    harness: str
-
-
 def _mix_seed(*parts: int) -> int:
     """A stable 31-bit seed from integers (sampling seeds per step are reproducible on resume)."""
     h = 1469598103934665603
@@ -88,7 +77,7 @@ def _mix_seed(*parts: int) -> int:
     return h % (2**31 - 1)
 
 
-class RsftPhase:
+class RsftPhase(ResumablePhase):
     """Online RSFT over one run; `run` is called once per weight phase and can be resumed."""
 
     def __init__(
@@ -485,7 +474,8 @@ class RsftPhase:
     def evaluate(
         self, harness_path: str | Path, should_stop: Callable[[], bool] | None = None
     ) -> EvalRecord | None:
-        """Evaluate now on val and test (outside `run`), with a checkpoint and best tracking."""
+        """Evaluate now (outside `run`): val, and test where `eval.test_every` asks for it, with
+        a checkpoint and best tracking."""
         host = self._open_host(harness_path)
         try:
             self.publish(initial=True)
@@ -494,6 +484,24 @@ class RsftPhase:
         finally:
             host.close()
 
+    def _best_val_so_far(self) -> float | None:
+        """The run's best val mean@k before this evaluation: this phase's evaluations from its
+        own (resumable) state, every other point's from the run's events (the engine's start
+        and phase-end points). A result of this phase in the events but not in its state was
+        written by a process killed before it saved the evaluation, and does not count."""
+        vals = [e.val for e in self.evals]
+        own = (self.ckpt.root / "checkpoints").resolve()
+        for rec in read_jsonl(self.store.root / "events.jsonl"):
+            if rec.get("type") != EvalResult.type or rec.get("split") != "val":
+                continue
+            value = rec.get("mean_at_k")
+            where = str(rec.get("checkpoint") or "")
+            if where and Path(where).resolve().parent == own:
+                continue
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                vals.append(float(value))
+        return max(vals, default=None)
+
     def _evaluate(
         self,
         harness_path: str | Path,
@@ -501,35 +509,45 @@ class RsftPhase:
         host: Any,
         should_stop: Callable[[], bool] | None,
     ) -> EvalRecord | None:
+        """Val always; test too under `eval.test_every = "always"`, else only where val is a new
+        best of the run (test only feeds the report, and the selected point always has it)."""
         self.tm.eval()
         k = self.cfg.sampling.k
-        reports = {}
-        for i, split in enumerate(("val", "test")):
-            tasks = self.domain.tasks(split)  # type: ignore[arg-type]
-            sink = self._episode_sink(
-                f"eval-{split}", "eval", harness_name, {"rsft_step": self.step, "cycle": self.cycle}
-            )
-            report = self.evaluator.score(
-                harness_path,
-                tasks,
-                k,
+        always = self.cfg.eval.test_every == "always"
+        floor = None if always else self._best_val_so_far()
+        splits = [
+            (
+                split,
+                self.domain.tasks(split),  # type: ignore[arg-type]
                 self.sampling_params(_mix_seed(self.cfg.run.seed, 1_000_003, i)),
-                on_episode=sink,
-                should_stop=should_stop,
-                host=host,
             )
-            if report.rollouts < len(tasks) * k:
+            for i, split in enumerate(("val", "test"))
+        ]
+        info = {"rsft_step": self.step, "cycle": self.cycle}
+        reports = self.evaluator.score_splits(
+            harness_path,
+            splits,
+            k,
+            sink=lambda split: self._episode_sink(f"eval-{split}", "eval", harness_name, info),
+            wanted=lambda split, done: (
+                split == "val" or floor is None or done["val"].mean_at_k > floor
+            ),
+            should_stop=should_stop,
+            host=host,
+        )
+        sizes = {split: len(tasks) * k for split, tasks, _ in splits}
+        for split, rep in reports.items():
+            if rep.rollouts < sizes[split]:
                 return None  # stopped: an evaluation on part of a split is not a score
-            self.eval_rollouts += report.rollouts
-            reports[split] = report
-        val, test = reports["val"], reports["test"]
+            self.eval_rollouts += rep.rollouts
+        val, test = reports["val"], reports.get("test")
         meta = {
             "step": self.step,
             "epoch": self.epoch,
             "cycle": self.cycle,
             "harness": str(harness_path),
             "val_mean_at_k": val.mean_at_k,
-            "test_mean_at_k": test.mean_at_k,
+            "test_mean_at_k": test.mean_at_k if test is not None else None,
             "k": k,
         }
         path = self.ckpt.save_eval(self.step, self.tm, meta)
@@ -561,7 +579,7 @@ class RsftPhase:
                 "epoch": self.epoch,
                 "path": str(path),
                 "val_mean_at_k": val.mean_at_k,
-                "test_mean_at_k": test.mean_at_k,
+                "test_mean_at_k": meta["test_mean_at_k"],
                 "harness": str(harness_path),
                 "cycle": self.cycle,
             }
@@ -575,7 +593,7 @@ class RsftPhase:
             step=self.step,
             epoch=self.epoch,
             val=val.mean_at_k,
-            test=test.mean_at_k,
+            test=meta["test_mean_at_k"],
             checkpoint=str(path),
             harness=str(harness_path),
         )
@@ -585,103 +603,3 @@ class RsftPhase:
             self.next_eval_at += interval
         self._persist()
         return rec
-
-    # ------------------------------------------------------------------ resume
-    def state_dict(self) -> dict[str, Any]:
-        """Plain JSON: counters, sampler position, evaluations, the open phase, and the folder
-        holding the matching weights and optimizer state (`resume_dir`)."""
-        return {
-            "version": STATE_VERSION,
-            "step": self.step,
-            "cycle": self.cycle,
-            "rollouts": self.rollouts,
-            "eval_rollouts": self.eval_rollouts,
-            "updates": self.updates,
-            "sampler": self.sampler.state_dict(),
-            "next_eval_at": self.next_eval_at,
-            "best": self.best,
-            "evals": [dataclasses.asdict(e) for e in self.evals],
-            "phase": self._phase,
-            "lora": self.tm.lora,
-            "init_adapter": self.init_adapter,
-            "resume_dir": self._resume_dir,
-            "served_version": self.served_version,
-            "sync": None if self.last_sync is None else self.last_sync.to_dict(),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore counters, sampler position and (from `resume_dir`) weights and optimizer."""
-        if int(state.get("version", -1)) != STATE_VERSION:
-            raise CheckpointError(
-                f"weight-phase state version {state.get('version')!r} is not "
-                f"{STATE_VERSION}: made by another whale-lab version"
-            )
-        if bool(state.get("lora")) != self.tm.lora:
-            raise CheckpointError(
-                "the saved run trained "
-                + ("LoRA" if state.get("lora") else "all weights")
-                + "; this config does the other (rsft.full_finetune / model.lora)"
-            )
-        resume_dir = state.get("resume_dir")
-        if resume_dir:
-            saved = self.ckpt.load_resume(resume_dir, self.tm, self.optimizer)
-            if int(saved.get("step", -1)) != int(state["step"]):
-                raise CheckpointError(
-                    f"resume point {resume_dir} holds step {saved.get('step')}, "
-                    f"the state says step {state['step']}"
-                )
-        elif int(state.get("step", 0)) > 0:
-            raise CheckpointError(f"state at step {state['step']} names no weights to resume from")
-        self.sampler.load_state_dict(state["sampler"])
-        self.step = int(state["step"])
-        self.cycle = int(state.get("cycle", self.cycle))
-        self.rollouts = int(state.get("rollouts", 0))
-        self.eval_rollouts = int(state.get("eval_rollouts", 0))
-        self.updates = int(state.get("updates", 0))
-        self.next_eval_at = float(state.get("next_eval_at", self._eval_interval()))
-        self.best = state.get("best")
-        self.evals = [EvalRecord(**e) for e in state.get("evals", [])]
-        self._phase = state.get("phase")
-        self.init_adapter = str(state.get("init_adapter", ""))
-        self._resume_dir = resume_dir
-        self._served = None
-        self.served_version = self._version_now()
-        saved_sync = state.get("sync")
-        self.last_sync = SyncResult.from_dict(saved_sync) if isinstance(saved_sync, dict) else None
-        self.tm.eval()
-
-    def resume(self) -> bool:
-        """Load the newest complete resume point of this run; False when there is none."""
-        latest = self.ckpt.latest()
-        if latest is None:
-            return False
-        from whale_lab.store import read_json
-
-        state = read_json(Path(latest["path"]) / "state.json")
-        if not isinstance(state, dict):
-            raise CheckpointError(f"resume point {latest['path']} has no readable state.json")
-        state = {**state, "resume_dir": latest["path"]}
-        self.load_state_dict(state)
-        self.emit(
-            Log(
-                level="info",
-                message=f"weights resumed at step {self.step} "
-                f"(epoch {self.epoch:.3f}) from {latest['path']}",
-            )
-        )
-        return True
-
-    def save_resume_point(self) -> None:
-        """A new resume point with the weights as they are now (after adopting others)."""
-        self._persist(new_weights=True)
-
-    def _persist(self, new_weights: bool = False) -> None:
-        """Write the resume point: a new folder when weights changed, else just its state."""
-        state = self.state_dict()
-        state.pop("resume_dir", None)
-        latest = self.ckpt.latest()
-        if not new_weights and latest is not None and latest["step"] == self.step:
-            self.ckpt.update_state(latest["path"], state)
-            self._resume_dir = latest["path"]
-            return
-        self._resume_dir = str(self.ckpt.save_resume(self.step, self.tm, self.optimizer, state))

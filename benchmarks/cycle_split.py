@@ -1,0 +1,256 @@
+"""Where one WHALE cycle's time goes on the embedded default: rollouts, SFT, harness, evaluation.
+
+Runs the `whale` schedule headless (the engine with automatic approval, no display) on the
+shipped `whale.toml` in a scratch folder and stops once cycle 1 is over: the start evaluation, the
+weight phase with its evaluations, the harness phase and the evaluation point after it. The
+engine's phase methods are wrapped with timers, each counting its own time without what runs
+nested inside it:
+
+    weight rollouts   RsftPhase._step less its update (rollouts, acceptance, publish and sync)
+    SFT               RsftPhase.update
+    harness           HarnessPhase.run less the proposer (validation, smoke, scoring, acceptance)
+    proposer          HarnessPhase._propose
+    evaluation        every evaluation point: RsftPhase._evaluate and the engine's own points
+    other             the rest of the wall time (model load, start-up, bookkeeping)
+
+`tools` is the time spent stepping environments (tool calls, answer checks) inside the rollouts
+of all the rows above, shown as its own share. Wall seconds and CPU seconds (this process plus its
+finished children: the sandboxed tools and the harness host) are both reported; on a shared
+machine CPU seconds are the steadier figure. The run's events give the rollout counts beside.
+
+    python benchmarks/cycle_split.py                         # one default cycle
+    python benchmarks/cycle_split.py --set rsft.eval_every=0.5 --set domain.splits.val=24
+    python benchmarks/cycle_split.py --set schedule.weight_epochs=0.1 --json   # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+ROWS = ("weight rollouts", "SFT", "harness", "proposer", "evaluation", "other")
+
+
+def _clock() -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process and its waited-for children)."""
+    t = os.times()
+    return time.perf_counter(), t.user + t.system + t.children_user + t.children_system
+
+
+class Timers:
+    """Exclusive time per category: a wrapped call's time, less that of wrapped calls inside it."""
+
+    def __init__(self) -> None:
+        self.wall: dict[str, float] = defaultdict(float)
+        self.cpu: dict[str, float] = defaultdict(float)
+        self._stack: list[list[float]] = []  # per open call: nested wall, nested cpu
+        self.frozen: tuple[dict[str, float], dict[str, float]] | None = None
+
+    def wrap(self, owner: Any, name: str, category: str, *, nested: bool = False) -> None:
+        """Time `owner.name`; `nested` times it inclusively, outside the exclusive split."""
+        fn = getattr(owner, name, None)
+        if fn is None:
+            print(f"note: {getattr(owner, '__name__', owner)}.{name} not found; not timed",
+                  file=sys.stderr)
+            return
+
+        @functools.wraps(fn)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            wall0, cpu0 = _clock()
+            if not nested:
+                self._stack.append([0.0, 0.0])
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                wall1, cpu1 = _clock()
+                dw, dc = wall1 - wall0, cpu1 - cpu0
+                if nested:
+                    self.wall[category] += dw
+                    self.cpu[category] += dc
+                else:
+                    inner = self._stack.pop()
+                    self.wall[category] += dw - inner[0]
+                    self.cpu[category] += dc - inner[1]
+                    if self._stack:
+                        self._stack[-1][0] += dw
+                        self._stack[-1][1] += dc
+
+        setattr(owner, name, timed)
+
+    def freeze(self) -> None:
+        """Keep the totals as they are now (what runs after the cycle does not count)."""
+        if self.frozen is None:
+            self.frozen = (dict(self.wall), dict(self.cpu))
+
+
+def _instrument(timers: Timers) -> None:
+    from whale_lab import rollout
+    from whale_lab.engine.evaluation import EvaluationPoints
+    from whale_lab.search.meta_harness import HarnessPhase
+    from whale_lab.weights.rsft import RsftPhase
+
+    timers.wrap(RsftPhase, "_step", "weight rollouts")
+    timers.wrap(RsftPhase, "update", "SFT")
+    timers.wrap(RsftPhase, "_evaluate", "evaluation")
+    timers.wrap(EvaluationPoints, "_engine_evaluation", "evaluation")
+    timers.wrap(HarnessPhase, "run", "harness")
+    timers.wrap(HarnessPhase, "_propose", "proposer")
+    timers.wrap(rollout, "_step_all", "tools", nested=True)
+
+
+def run_cycle(overrides: list[str], folder: Path) -> dict[str, Any]:
+    from whale_lab.config import load_config
+
+    cfg = load_config(
+        REPO / "whale.toml",
+        [f"run.directory={json.dumps(str(folder / 'runs'))}", 'approval.mode="auto"',
+         'schedule.kind="whale"', *overrides],
+    )
+    from whale_lab.quiet import quiet_libraries
+
+    quiet_libraries()
+    timers = Timers()
+    _instrument(timers)
+    from whale_lab.engine.engine import Engine
+    from whale_lab.events import PhaseStarted
+    from whale_lab.reviewers import AutoReviewer
+    from whale_lab.seams import Command, CommandChannel
+    from whale_lab.store import RunStore
+
+    store = RunStore(folder / "run")
+    commands = CommandChannel()
+    ends: list[tuple[float, float]] = []
+
+    def after_cycle_one(ev: Any) -> None:
+        if isinstance(ev, PhaseStarted) and ev.cycle >= 2 and not ends:
+            ends.append(_clock())
+            timers.freeze()
+            commands.send(Command("stop", by="benchmark", reason="cycle 1 is over"))
+
+    store.subscribe(after_cycle_one)
+    wall0, cpu0 = _clock()
+    engine = Engine(cfg, store, reviewer=AutoReviewer(), commands=commands)
+    engine.run()
+    store.close()
+    end_wall, end_cpu = ends[0] if ends else _clock()
+    wall_total, cpu_total = end_wall - wall0, end_cpu - cpu0
+    walls, cpus = timers.frozen or (dict(timers.wall), dict(timers.cpu))
+    measured = [r for r in ROWS if r != "other"]
+    walls["other"] = wall_total - sum(walls.get(r, 0.0) for r in measured)
+    cpus["other"] = cpu_total - sum(cpus.get(r, 0.0) for r in measured)
+    return {
+        "config": {
+            "rsft.eval_every": cfg.rsft.eval_every,
+            "eval.test_every": getattr(getattr(cfg, "eval", None), "test_every", "always"),
+            "splits": {s: getattr(cfg.domain.splits, s) for s in ("weight", "harness", "val", "test")},
+            "k": cfg.sampling.k,
+            "weight_epochs": cfg.schedule.weight_epochs,
+            "harness_iterations": cfg.schedule.harness_iterations,
+            "threads": os.environ.get("OMP_NUM_THREADS", "torch default"),
+        },
+        "wall_s": wall_total,
+        "cpu_s": cpu_total,
+        "rows": {r: {"wall_s": walls.get(r, 0.0), "cpu_s": cpus.get(r, 0.0)} for r in ROWS},
+        "tools": {"wall_s": walls.get("tools", 0.0), "cpu_s": cpus.get("tools", 0.0)},
+        "events": _from_events(store.root),
+        "run": str(store.root),
+        "completed_cycle": bool(ends),
+    }
+
+
+def _from_events(root: Path) -> dict[str, Any]:
+    """Rollouts by phase and evaluation results up to the end of cycle 1, from events.jsonl."""
+    from whale_lab.events import (
+        EpisodeFinished,
+        EvalResult,
+        PhaseStarted,
+        ProposerUsage,
+        WeightStep,
+    )
+    from whale_lab.store import RunStore
+
+    episodes: Counter[str] = Counter()
+    evals: Counter[str] = Counter()
+    step_s = proposer_s = 0.0
+    for e in RunStore.read_events(root):
+        if isinstance(e, PhaseStarted) and e.cycle >= 2:
+            break
+        if isinstance(e, EpisodeFinished):
+            episodes[e.phase] += 1
+        elif isinstance(e, EvalResult):
+            evals[e.split] += 1
+        elif isinstance(e, WeightStep):
+            step_s += e.step_seconds
+        elif isinstance(e, ProposerUsage):
+            proposer_s += e.seconds
+    return {
+        "rollouts": dict(episodes),
+        "eval_results": dict(evals),
+        "weight_step_seconds": step_s,
+        "proposer_seconds": proposer_s,
+    }
+
+
+def _print(result: dict[str, Any], out: Callable[[str], None] = print) -> None:
+    c = result["config"]
+    out(f"one WHALE cycle on the embedded default ({result['run']})")
+    out(f"  rsft.eval_every {c['rsft.eval_every']}, eval.test_every {c['eval.test_every']}, "
+        f"splits {c['splits']}, k {c['k']}, weight_epochs {c['weight_epochs']}, harness "
+        f"iterations {c['harness_iterations']}, OMP_NUM_THREADS {c['threads']}")
+    if not result["completed_cycle"]:
+        out("  note: the run ended before cycle 2 began; figures cover the whole run")
+    wall, cpu = result["wall_s"], result["cpu_s"]
+    out(f"  {'':18}{'wall s':>9}{'wall %':>8}{'CPU s':>9}{'CPU %':>8}")
+    for name, row in (*result["rows"].items(), ("tools (inside)", result["tools"])):
+        out(f"  {name:18}{row['wall_s']:9.1f}{100 * row['wall_s'] / wall:7.1f}%"
+            f"{row['cpu_s']:9.1f}{100 * row['cpu_s'] / cpu:7.1f}%")
+    out(f"  {'cycle':18}{wall:9.1f}{100.0:7.1f}%{cpu:9.1f}{100.0:7.1f}%")
+    ev = result["events"]
+    out(f"  rollouts: {ev['rollouts']}; evaluation results: {ev['eval_results']}")
+    share = result["rows"]["evaluation"]
+    out(f"  evaluation share: {100 * share['wall_s'] / wall:.1f}% of wall, "
+        f"{100 * share['cpu_s'] / cpu:.1f}% of CPU (target <= 25%)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY=VALUE", help="a config override, as for whale-lab")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--keep", action="store_true", help="keep the run folder")
+    args = parser.parse_args(argv)
+    try:
+        from whale_lab.threads import configure
+    except ImportError:  # a checkout from before whale-lab chose its threads
+        pass
+    else:
+        configure()  # the thread count whale-lab's own commands use
+    folder = Path(tempfile.mkdtemp(prefix="whale-cycle-"))
+    try:
+        result = run_cycle(args.overrides, folder)
+    finally:
+        if not args.keep:
+            import shutil
+
+            shutil.rmtree(folder, ignore_errors=True)
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        _print(result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
