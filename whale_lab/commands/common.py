@@ -178,14 +178,20 @@ class HeadlessDisplay:
                 f"far: weight {ev.weight_rollouts:,}, harness {ev.harness_rollouts:,}"
             )
         elif isinstance(ev, EvalResult):
+            # val is shown when it arrives: test follows only where val reached a new best
+            # (eval.test_every = "best"), so a point may have no test line at all
             if ev.split == "val":
                 self._val[ev.checkpoint] = ev
-            elif ev.split == "test":
-                val = self._val.pop(ev.checkpoint, None)
-                v = f"{val.mean_at_k:.3f}" if val else "-"
                 self._line(
-                    f"  eval (cycle {ev.cycle}, {ev.phase}): val mean@{ev.k} {v}, test "
+                    f"  eval (cycle {ev.cycle}, {ev.phase}): val mean@{ev.k} "
                     f"{ev.mean_at_k:.3f}  [{ev.harness}]",
+                    "green",
+                )
+            elif ev.split == "test":
+                self._val.pop(ev.checkpoint, None)
+                self._line(
+                    f"  eval (cycle {ev.cycle}, {ev.phase}): test mean@{ev.k} "
+                    f"{ev.mean_at_k:.3f} (a new best on val)",
                     "green",
                 )
         elif isinstance(ev, HarnessAccepted):

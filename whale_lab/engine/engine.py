@@ -21,8 +21,9 @@ Resume: each phase persists itself after every completed step (RSFT resume point
 transition. A run killed at any moment continues from its last completed step or iteration with
 weights, harness, sampler position, pending reviews and ledgers intact.
 
-Selection without peeking: every evaluation point emits a val and a test `EvalResult` with the
-same checkpoint key; the run's result is the checkpoint best on val with its test score, and the
+Selection without peeking: every evaluation point emits a val `EvalResult`, and a test one with
+the same checkpoint key where val reaches a new best (every point with `eval.test_every =
+"always"`); the run's result is the checkpoint best on val with its test score, and the
 best-on-test figure (the paper's way) is reported beside it for comparison only.
 """
 
