@@ -331,8 +331,9 @@ def test_splits_are_disjoint_sized_and_seeded(domain: ChessDomain) -> None:
         domain.tasks("train")  # type: ignore[arg-type]
 
 
-def test_too_few_puzzles_for_the_evaluation_splits_is_a_clear_error() -> None:
-    # one rule for all three domains: test, val and harness are never shrunk
+def test_too_few_puzzles_for_the_evaluation_splits_is_a_clear_error(sample: list[Puzzle]) -> None:
+    # one rule for all three domains: test, val and harness are never shrunk (the `sample`
+    # fixture skips where the shared Lichess sample is absent, as in a fresh clone)
     cfg = config_from_dict({"run": {"seed": 1}, "domain": {"name": "chess", "source": str(SAMPLE)}})
     with pytest.raises(DataError) as info:
         ChessDomain.from_config(cfg)
