@@ -7,7 +7,8 @@ acceptance scores the incoming harness a second time to measure the noise floor 
 harness episodes in cycle 1, nothing else moved); test is scored only where val reaches a new
 best (`eval.test_every = "best"`: the two weight-phase points lost their test result and its 12
 episodes, nothing else moved); the hf backend's continuous batching gives each row its own seeded
-sampling stream (the same event types, phases and steps; other sampled rewards). Regenerate (only for an intended behaviour change) with
+sampling stream (the same event types, phases and steps; other sampled rewards); the
+selection says which rule chose it (`best.decided_by`, one key more, no event moved). Regenerate (only for an intended behaviour change) with
 
     WHALE_LAB_GOLDEN_WRITE=1 .venv/bin/python -m pytest tests/test_engine_golden.py
 """

@@ -18,8 +18,18 @@ from whale_lab.paired import METHOD, paired_difference
 from whale_lab.store import RunStore, atomic_write_json, atomic_write_text
 
 # two-sided 95% Student-t quantiles by degrees of freedom (1..10); normal beyond
-_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
-        9: 2.262, 10: 2.228}
+_T95 = {
+    1: 12.706,
+    2: 4.303,
+    3: 3.182,
+    4: 2.776,
+    5: 2.571,
+    6: 2.447,
+    7: 2.365,
+    8: 2.306,
+    9: 2.262,
+    10: 2.228,
+}
 
 
 @dataclass
@@ -54,6 +64,7 @@ class RunSummary:
     proposer_cost: float = 0.0
     curve: list[CurvePoint] = field(default_factory=list)
     proposals: int = 0  # candidates the proposers wrote (the harness budget in proposals)
+    selection_rule: str = ""  # which rule chose the selected checkpoint (a val tie says how)
     # per evaluation point and split: task id -> rewards (None: an invalid episode)
     episodes: dict[str, dict[str, dict[str, list[float | None]]]] = field(
         default_factory=dict, repr=False
@@ -121,19 +132,79 @@ def summarise_run(run_dir: str | Path) -> RunSummary:
     for key in order:
         v = val_by_ckpt[key]
         t = test_by_ckpt.get(key)
-        s.curve.append(CurvePoint(
-            rollouts=v.weight_rollouts + v.harness_rollouts, weight_rollouts=v.weight_rollouts,
-            harness_rollouts=v.harness_rollouts, val=v.mean_at_k,
-            test=t.mean_at_k if t else None, checkpoint=key, cycle=v.cycle, phase=v.phase))
+        s.curve.append(
+            CurvePoint(
+                rollouts=v.weight_rollouts + v.harness_rollouts,
+                weight_rollouts=v.weight_rollouts,
+                harness_rollouts=v.harness_rollouts,
+                val=v.mean_at_k,
+                test=t.mean_at_k if t else None,
+                checkpoint=key,
+                cycle=v.cycle,
+                phase=v.phase,
+            )
+        )
     if s.curve:
-        # best on val; ties go to the checkpoint scored on test (the first to reach that val
-        # is), then to the earlier one (fewer rollouts)
-        best = max(s.curve, key=lambda p: (p.val, p.test is not None, -p.rollouts))
-        s.selected_val, s.selected_test, s.selected_checkpoint = best.val, best.test, best.checkpoint
+        best, s.selection_rule = select_on_val(s.curve, s.episodes)
+        s.selected_val, s.selected_test, s.selected_checkpoint = (
+            best.val,
+            best.test,
+            best.checkpoint,
+        )
         tests = [p.test for p in s.curve if p.test is not None]
         s.best_test = max(tests) if tests else None
         s.tested_points = len(tests)
     return s
+
+
+def select_on_val(
+    curve: list[CurvePoint], episodes: dict[str, dict[str, dict[str, list[float | None]]]]
+) -> tuple[CurvePoint, str]:
+    """The best point on val, and the rule that chose it.
+
+    Points whose val means tie are told apart on val alone, paired: walking the tied points in
+    rollout order, a later point replaces the one held when it wins more val tasks than it loses
+    against it (then: a higher paired mean on the shared tasks, which differs from the tie only
+    where episodes were invalid); otherwise the earlier point, with fewer rollouts, stays. Test
+    never decides. Under `eval.test_every = "best"` only the first point to reach a val is scored
+    on test, so the tie is broken among the points that have a test score, and the rule says so.
+    """
+    top = max(p.val for p in curve)
+    tied = [p for p in curve if math.isclose(p.val, top, rel_tol=0.0, abs_tol=1e-9)]
+    if len(tied) == 1:
+        return tied[0], "best on val"
+    tested = [p for p in tied if p.test is not None]
+    pool = sorted(tested or tied, key=lambda p: p.rollouts)
+    untested = len(tied) - len(pool)
+    held, reasons = pool[0], []
+    for later in pool[1:]:
+        a = episodes.get(held.checkpoint, {}).get("val", {})
+        b = episodes.get(later.checkpoint, {}).get("val", {})
+        r = paired_difference(a, b, resamples=1) if a and b else None
+        if r is None or r.n_tasks == 0:
+            reasons.append(f"{_short(later.checkpoint)}: no paired val episodes, earlier kept")
+            continue
+        tally = f"{r.wins} wins / {r.losses} losses / {r.ties} ties on {r.n_tasks} val tasks"
+        if (r.wins - r.losses, r.diff) > (0, 1e-12):
+            reasons.append(f"{_short(later.checkpoint)} over {_short(held.checkpoint)}: {tally}")
+            held = later
+        else:
+            reasons.append(f"{_short(held.checkpoint)} over {_short(later.checkpoint)}: {tally}")
+    rule = (
+        f"val tie at {100 * top:.2f} among {len(tied)} points, broken by the later point's "
+        f"paired val score against the earlier one (wins minus losses, then paired mean; "
+        f"no gain keeps the earlier): {'; '.join(reasons)}"
+    )
+    if untested:
+        rule += (
+            f"; {untested} tied point(s) without a test score left out "
+            '(eval.test_every = "always" scores them)'
+        )
+    return held, rule
+
+
+def _short(checkpoint: str) -> str:
+    return Path(checkpoint).name or checkpoint
 
 
 def mean_ci(values: list[float]) -> tuple[float, float]:
@@ -164,38 +235,61 @@ def write_comparison(report_dir: str | Path, runs: list[RunSummary], *, title: s
     for schedule, rs in by_schedule.items():
         sel = [r.selected_test for r in rs if r.selected_test is not None]
         best = [r.best_test for r in rs if r.best_test is not None]
-        rows.append({
-            "schedule": schedule, "seeds": len(rs),
-            "test_at_best_val": mean_ci(sel), "best_on_test": mean_ci(best),
-            "weight_rollouts": statistics.fmean([r.weight_rollouts for r in rs]),
-            "harness_rollouts": statistics.fmean([r.harness_rollouts for r in rs]),
-            "proposer_tokens": statistics.fmean([r.proposer_tokens for r in rs]),
-        })
-    rows.sort(key=lambda r: -(r["test_at_best_val"][0] if not math.isnan(r["test_at_best_val"][0]) else -1))
+        rows.append(
+            {
+                "schedule": schedule,
+                "seeds": len(rs),
+                "test_at_best_val": mean_ci(sel),
+                "best_on_test": mean_ci(best),
+                "weight_rollouts": statistics.fmean([r.weight_rollouts for r in rs]),
+                "harness_rollouts": statistics.fmean([r.harness_rollouts for r in rs]),
+                "proposer_tokens": statistics.fmean([r.proposer_tokens for r in rs]),
+            }
+        )
+    rows.sort(
+        key=lambda r: (
+            -(r["test_at_best_val"][0] if not math.isnan(r["test_at_best_val"][0]) else -1)
+        )
+    )
     domain = runs[0].domain if runs else ""
-    lines = [f"# {title or 'Schedule comparison'}" + (f" ({domain})" if domain else ""), "",
-             "Test mean@k (%) at the checkpoint that is best on val, mean ± 95% t-interval across seeds. "
-             "The best-on-test column is the paper's way of selecting, shown for comparison only; it "
-             "is taken over the evaluation points scored on test (with eval.test_every = \"best\", "
-             "only those that were a new best on val).", "",
-             "| schedule | seeds | test @ best val | best on test (paper's way) over tested points | "
-             "weight rollouts | harness rollouts | proposer tokens |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# {title or 'Schedule comparison'}" + (f" ({domain})" if domain else ""),
+        "",
+        "Test mean@k (%) at the checkpoint that is best on val, mean ± 95% t-interval across seeds. "
+        "The best-on-test column is the paper's way of selecting, shown for comparison only; it "
+        'is taken over the evaluation points scored on test (with eval.test_every = "best", '
+        "only those that were a new best on val).",
+        "",
+        "| schedule | seeds | test @ best val | best on test (paper's way) over tested points | "
+        "weight rollouts | harness rollouts | proposer tokens |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['schedule']} | {r['seeds']} | {_fmt(*r['test_at_best_val'])} | "
-                     f"{_fmt(*r['best_on_test'])} | {r['weight_rollouts']:.0f} | "
-                     f"{r['harness_rollouts']:.0f} | {r['proposer_tokens']:.0f} |")
-    lines += ["", "![val mean@k vs rollouts](accuracy_vs_rollouts.svg)", "",
-              "Runs:", ""]
+        lines.append(
+            f"| {r['schedule']} | {r['seeds']} | {_fmt(*r['test_at_best_val'])} | "
+            f"{_fmt(*r['best_on_test'])} | {r['weight_rollouts']:.0f} | "
+            f"{r['harness_rollouts']:.0f} | {r['proposer_tokens']:.0f} |"
+        )
+    lines += ["", "![val mean@k vs rollouts](accuracy_vs_rollouts.svg)", "", "Runs:", ""]
     lines += [f"- {r.schedule} seed {r.seed}: `{r.run_dir}` ({r.status})" for r in runs]
     paired = paired_comparisons(runs)
     lines[4:4] = _paired_lines(paired) + [""]
     atomic_write_text(out / "summary.md", "\n".join(lines) + "\n")
     atomic_write_json(out / "paired.json", paired)
-    atomic_write_json(out / "results.json", {
-        "rows": [{**r, "test_at_best_val": list(r["test_at_best_val"]),
-                  "best_on_test": list(r["best_on_test"])} for r in rows],
-        "runs": [_run_json(r) for r in runs]})
+    atomic_write_json(
+        out / "results.json",
+        {
+            "rows": [
+                {
+                    **r,
+                    "test_at_best_val": list(r["test_at_best_val"]),
+                    "best_on_test": list(r["best_on_test"]),
+                }
+                for r in rows
+            ],
+            "runs": [_run_json(r) for r in runs],
+        },
+    )
     _plot(out, runs)
     return out / "summary.md"
 
@@ -232,45 +326,71 @@ def paired_comparisons(runs: list[RunSummary]) -> dict[str, Any]:
                 for task, vals in by[other][seed].selected_scores().items():
                     b[f"{seed}/{task}"] = vals
             result = paired_difference(a, b, seed=len(pairs))
-            pairs.append({
-                "schedule": other, "baseline": base, "seeds": seeds,
-                "weight_rollouts": [statistics.fmean([by[x][sd].weight_rollouts for sd in seeds])
-                                    if seeds else 0 for x in (other, base)],
-                "harness_rollouts": [statistics.fmean([by[x][sd].harness_rollouts for sd in seeds])
-                                     if seeds else 0 for x in (other, base)],
-                "proposals": [statistics.fmean([by[x][sd].proposals for sd in seeds])
-                              if seeds else 0 for x in (other, base)],
-                **result.to_dict(),
-                "says": result.describe(unit=" pts", scale=100),
-            })
-    return {"unit": "(seed, test task) at each run's val-selected checkpoint",
-            "method": METHOD, "level": 0.95, "pairs": pairs}
+            pairs.append(
+                {
+                    "schedule": other,
+                    "baseline": base,
+                    "seeds": seeds,
+                    "weight_rollouts": [
+                        statistics.fmean([by[x][sd].weight_rollouts for sd in seeds])
+                        if seeds
+                        else 0
+                        for x in (other, base)
+                    ],
+                    "harness_rollouts": [
+                        statistics.fmean([by[x][sd].harness_rollouts for sd in seeds])
+                        if seeds
+                        else 0
+                        for x in (other, base)
+                    ],
+                    "proposals": [
+                        statistics.fmean([by[x][sd].proposals for sd in seeds]) if seeds else 0
+                        for x in (other, base)
+                    ],
+                    **result.to_dict(),
+                    "says": result.describe(unit=" pts", scale=100),
+                }
+            )
+    return {
+        "unit": "(seed, test task) at each run's val-selected checkpoint",
+        "method": METHOD,
+        "level": 0.95,
+        "pairs": pairs,
+    }
 
 
 def _paired_lines(paired: dict[str, Any]) -> list[str]:
     if not paired["pairs"]:
         return []
-    lines = ["Paired differences (schedule minus baseline, test mean@k points at the val-selected "
-             f"checkpoints; unit: {paired['unit']}; 95% {paired['method']}). Only an interval "
-             "that excludes zero supports a difference.", "",
-             "| schedule | baseline | difference | 95% interval | wins / losses / ties | "
-             "what it supports | proposals (schedule / baseline) |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "Paired differences (schedule minus baseline, test mean@k points at the val-selected "
+        f"checkpoints; unit: {paired['unit']}; 95% {paired['method']}). Only an interval "
+        "that excludes zero supports a difference.",
+        "",
+        "| schedule | baseline | difference | 95% interval | wins / losses / ties | "
+        "what it supports | proposals (schedule / baseline) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for p in paired["pairs"]:
         if p["n_tasks"] == 0 or p["low"] is None or p["high"] is None:
-            lines.append(f"| {p['schedule']} | {p['baseline']} | - | - | - | "
-                         f"too few shared tasks ({p['n_tasks']}) | - |")
+            lines.append(
+                f"| {p['schedule']} | {p['baseline']} | - | - | - | "
+                f"too few shared tasks ({p['n_tasks']}) | - |"
+            )
             continue
         if p["excludes_zero"]:
             says = "a difference" + (" (schedule ahead)" if p["diff"] > 0 else " (baseline ahead)")
         else:
             need = p.get("needed_tasks")
-            says = "no difference detected at this size" + (f" (~{need} units needed)" if need else "")
+            says = "no difference detected at this size" + (
+                f" (~{need} units needed)" if need else ""
+            )
         lines.append(
             f"| {p['schedule']} | {p['baseline']} | {100 * p['diff']:+.1f} | "
             f"[{100 * p['low']:+.1f}, {100 * p['high']:+.1f}] | "
             f"{p['wins']} / {p['losses']} / {p['ties']} | {says} | "
-            f"{p['proposals'][0]:.0f} / {p['proposals'][1]:.0f} |")
+            f"{p['proposals'][0]:.0f} / {p['proposals'][1]:.0f} |"
+        )
     return lines
 
 
@@ -289,7 +409,9 @@ def _plot(out: Path, runs: list[RunSummary]) -> None:
         color = colors.setdefault(r.schedule, cmap(len(colors) % 10))
         xs = [p.rollouts for p in r.curve]
         ys = [100 * p.val for p in r.curve]
-        label = r.schedule if r.schedule not in {line.get_label() for line in ax.get_lines()} else None
+        label = (
+            r.schedule if r.schedule not in {line.get_label() for line in ax.get_lines()} else None
+        )
         ax.plot(xs, ys, marker="o", markersize=3, color=color, alpha=0.85, label=label)
     ax.set_xlabel("rollouts (weight + harness)")
     ax.set_ylabel("val mean@k (%)")

@@ -3,7 +3,8 @@
 The best-on-test figure (the paper's way of reporting) is computed for comparison only and never
 chooses anything. It is taken over the evaluation points that have a test score: every point
 under `eval.test_every = "always"`, only the new bests on val under `"best"` (the default); the
-note beside it says over how many.
+note beside it says over how many. Two points tied on val are told apart by the later one's
+paired val score against the earlier (`report.select_on_val`); `decided_by` says which rule chose.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def best(book: RunBook) -> dict[str, Any]:
         "best_on_test": s.best_test,
         "best_on_test_checkpoint": book.rel(on_test.checkpoint) if on_test else "",
         "selection": SELECTION_RULE,
+        "decided_by": s.selection_rule,
         "best_on_test_note": f"{PAPER_RULE}; over the {len(tested)} of {len(s.curve)} "
         "evaluation points scored on test",
     }
