@@ -77,6 +77,7 @@ TABS = ("rollouts", "accuracy", "review", "control", "log")
 REVIEW_ACTIONS = ("approve", "reject", "edit", "pin")
 ROLLOUT_ACTIONS = ("filter", "open_trace")
 MAX_EVENTS_PER_FLUSH = 20_000
+OUTPUT_LOG = "tui-output.log"  # what libraries write to the terminal, in the run folder
 DEFERRED_AREAS = ("rollouts", "accuracy", "control")
 TAB_FOCUS = {
     "rollouts": "#rollouts-table",
@@ -154,6 +155,12 @@ class WhaleLabApp(ControlActions, ReviewActions, EngineWorker, App[int]):
             with TabPane("Log", id="log"):
                 yield LogPanel(id="log-panel")
         yield Footer()
+
+    def get_driver_class(self) -> Any:
+        """Textual's driver, sized from the terminal it draws on (see `tui.driver`)."""
+        from whale_lab.tui.driver import measured_driver
+
+        return measured_driver(super().get_driver_class())
 
     def _bindings_changed(self) -> None:
         """Ask the footer to re-check which actions apply, when any of them changed.
@@ -519,9 +526,11 @@ def run_tui(
             print(f"whale-lab: {exc}", file=sys.stderr)
             return 2
     app = WhaleLabApp(cfg, run_dir=run_dir, replay_only=replay_only, keymap=keymap)
-    log_dir = Path(run_dir) if run_dir is not None else Path(cfg.run.directory)
+    # a new run's folder is made by the engine: until then the output waits beside it
+    early_log = Path(cfg.run.directory) / f".tui-output-{os.getpid()}.log"
+    log_path = Path(run_dir) / OUTPUT_LOG if run_dir is not None else early_log
     loop = asyncio.new_event_loop()
-    with TerminalGuard(log_dir / "tui-output.log") as guard:
+    with TerminalGuard(log_path) as guard:
         app.terminal_guard = guard
         app.run(loop=loop)
     code = app.return_code if app.return_code is not None else app._exit_code()

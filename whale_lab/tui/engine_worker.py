@@ -152,6 +152,9 @@ class EngineWorker(_AppBase):
     def on_engine_attached(self, message: EngineAttached) -> None:
         self.run_root = message.root
         self.run_dir = str(message.root)
+        guard = getattr(self, "terminal_guard", None)
+        if guard is not None:
+            guard.move_log(message.root / "tui-output.log")
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         if event.worker is not self._engine_worker:

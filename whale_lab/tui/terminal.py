@@ -59,6 +59,35 @@ class TerminalGuard:
         self.active = True
         return self
 
+    def move_log(self, log_path: str | Path) -> None:
+        """Send the output to `log_path` from now on, with what the old log holds so far.
+
+        A new run's folder exists only once the engine has made it; until then the output
+        goes to a log beside it, which is moved into the folder here.
+        """
+        new = Path(log_path)
+        if not self.active or new == self.log_path:
+            self.log_path = new
+            return
+        try:
+            new.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(new, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        except OSError:
+            return  # keep writing where we were
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        with contextlib.suppress(OSError):
+            os.write(fd, self.log_path.read_bytes())
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        if self._log_fd is not None:
+            os.close(self._log_fd)
+        self._log_fd = fd
+        with contextlib.suppress(OSError):
+            self.log_path.unlink()
+        self.log_path = new
+
     def __exit__(self, *exc: object) -> None:
         if not self.active:
             return
