@@ -158,3 +158,24 @@ def test_compare_keeps_the_splits_fixed_across_seeds_unless_resplit(tmp_path: Pa
     assert ids(fixed[0]) == ids(fixed[1])
     resplit = [run_config(cfg, "whale", seed, tmp_path) for seed in (0, 1)]
     assert ids(resplit[0]) != ids(resplit[1])
+
+
+def test_best_of_n_runs_beside_harness_only_with_the_same_proposals(tmp_path: Path) -> None:
+    """The control row: catalogue draws, no search, harness-only's proposal budget."""
+    cfg = short_config(tmp_path, "schedule.total_harness_iterations=3")
+    out = tmp_path / "cmp"
+    assert run_compare(cfg, ["harness-only", "best-of-n"], [0], out) == EXIT_OK
+    phase = out / "best-of-n-seed0" / "harness_phases" / "cycle-01" / "candidates"
+    proposers = {
+        read_json(p / "meta.json")["proposer"] for p in phase.iterdir() if (p / "meta.json").exists()
+    }
+    assert proposers == {"incoming", "draw"}
+    results = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    rows = {r["schedule"]: r for r in results["rows"]}
+    assert set(rows) == {"harness-only", "best-of-n"}
+    assert rows["best-of-n"]["proposals"] <= 4 and rows["harness-only"]["proposals"] <= 4
+    summary = (out / "summary.md").read_text(encoding="utf-8")
+    assert "| proposals |" in summary
+    paired = json.loads((out / "paired.json").read_text(encoding="utf-8"))
+    pairs = [(p["schedule"], p["baseline"]) for p in paired["pairs"]]
+    assert pairs == [("best-of-n", "harness-only")]  # one direction per pair of schedules

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from whale_lab.config import ScheduleConfig
-from whale_lab.engine.schedules import AdaptiveHarnessStop, AdaptiveWeightStop, plan
+from whale_lab.engine.schedules import (
+    AdaptiveHarnessStop,
+    AdaptiveWeightStop,
+    plan,
+    proposal_budget,
+)
 
 
 def _kinds(cfg: ScheduleConfig) -> list[tuple[str, int, float]]:
@@ -85,7 +90,8 @@ def test_adaptive_harness_rule_minimum_patience_and_cap() -> None:
 
 
 def test_the_shipped_comparison_budget_is_the_same_for_every_schedule() -> None:
-    """docs/results/compare.toml backs the README's comparison: equal weight and harness budgets."""
+    """docs/results/compare.toml backs the README's comparison: equal weight budgets and equal
+    harness budgets in proposals (iterations differ: each harness phase's first re-scores)."""
     import dataclasses
     from pathlib import Path
 
@@ -101,13 +107,16 @@ def test_the_shipped_comparison_budget_is_the_same_for_every_schedule() -> None:
             sum(p.budget for p in phases if p.kind == "harness"),
         )
     weight = {budgets[k][0] for k in ("whale", "weight-only", "stagewise", "prompt-only")}
-    assert weight == {0.75} and budgets["harness-only"] == (0, 4.0)
+    assert weight == {0.75} and budgets["harness-only"] == (0, 3.0)
     # adaptive weight phases share the total (the engine gives each what the earlier ones left)
     assert cfg.total_weight_epochs == 0.75
     adaptive = plan(dataclasses.replace(cfg, kind="adaptive"))
     assert all(p.budget <= cfg.total_weight_epochs for p in adaptive if p.kind == "weight")
-    assert budgets["whale"][1] == budgets["stagewise"][1] == budgets["prompt-only"][1] == 4.0
-    assert budgets["adaptive"][1] == 2 * cfg.max_harness_iterations  # caps; patience ends earlier
+    assert budgets["whale"][1] == budgets["prompt-only"][1] == budgets["adaptive"][1] == 4.0
+    assert budgets["stagewise"][1] == 3.0
+    assert cfg.min_harness_iterations == cfg.max_harness_iterations  # adaptive: no shorter phase
+    m = load_config(str(path), []).harness_search.candidates_per_iteration
+    assert {proposal_budget(dataclasses.replace(cfg, kind=k), m) for k in budgets} - {0} == {6}
 
 
 def test_a_plateau_ends_the_adaptive_weight_phase_at_its_minimum() -> None:

@@ -215,7 +215,9 @@ class ProposerConfig:
 
 @dataclass(frozen=True)
 class ScheduleConfig:
-    kind: Literal["whale", "adaptive", "weight-only", "harness-only", "stagewise", "prompt-only"] = "whale"
+    kind: Literal[
+        "whale", "adaptive", "weight-only", "harness-only", "stagewise", "prompt-only", "best-of-n"
+    ] = "whale"
     cycles: int = _f(2, 1, MAX_ITERATIONS)
     weight_epochs: float = _f(0.6, 0.0, MAX_EPOCHS, lo_open=True)
     harness_iterations: int = _f(6, 1, MAX_ITERATIONS)

@@ -240,10 +240,16 @@ class PhaseRunner:
         book, points = self.book, self.points
         rec = self.open(i, spec)
         if rec.status == "running":
+            proposer = None  # the configured one
+            if spec.draws:
+                from whale_lab.search.proposers.rules.draw import DrawProposer
+
+                proposer = DrawProposer(seed=self.ctx.cfg.run.seed)
             hp = HarnessPhase(
                 self.ctx,
                 self.reviewer,
                 cycle=spec.cycle,
+                proposer=proposer,
                 phase_dir=book.abs(rec.dir or ""),
                 gate=self.gate,
             )

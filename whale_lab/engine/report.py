@@ -244,6 +244,7 @@ def write_comparison(report_dir: str | Path, runs: list[RunSummary], *, title: s
                 "weight_rollouts": statistics.fmean([r.weight_rollouts for r in rs]),
                 "harness_rollouts": statistics.fmean([r.harness_rollouts for r in rs]),
                 "proposer_tokens": statistics.fmean([r.proposer_tokens for r in rs]),
+                "proposals": statistics.fmean([r.proposals for r in rs]),
             }
         )
     rows.sort(
@@ -261,14 +262,14 @@ def write_comparison(report_dir: str | Path, runs: list[RunSummary], *, title: s
         "only those that were a new best on val).",
         "",
         "| schedule | seeds | test @ best val | best on test (paper's way) over tested points | "
-        "weight rollouts | harness rollouts | proposer tokens |",
-        "|---|---|---|---|---|---|---|",
+        "weight rollouts | harness rollouts | proposals | proposer tokens |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['schedule']} | {r['seeds']} | {_fmt(*r['test_at_best_val'])} | "
             f"{_fmt(*r['best_on_test'])} | {r['weight_rollouts']:.0f} | "
-            f"{r['harness_rollouts']:.0f} | {r['proposer_tokens']:.0f} |"
+            f"{r['harness_rollouts']:.0f} | {r['proposals']:.0f} | {r['proposer_tokens']:.0f} |"
         )
     lines += ["", "![val mean@k vs rollouts](accuracy_vs_rollouts.svg)", "", "Runs:", ""]
     lines += [f"- {r.schedule} seed {r.seed}: `{r.run_dir}` ({r.status})" for r in runs]
@@ -294,7 +295,7 @@ def write_comparison(report_dir: str | Path, runs: list[RunSummary], *, title: s
     return out / "summary.md"
 
 
-BASELINES = ("weight-only", "harness-only", "stagewise", "prompt-only")
+BASELINES = ("weight-only", "harness-only", "stagewise", "prompt-only", "best-of-n")
 
 
 def _run_json(r: RunSummary) -> dict[str, Any]:
@@ -313,10 +314,12 @@ def paired_comparisons(runs: list[RunSummary]) -> dict[str, Any]:
     schedules = list(by)
     baselines = [b for b in BASELINES if b in by] or schedules[:1]
     pairs = []
+    done: set[tuple[str, str]] = set()
     for base in baselines:
         for other in schedules:
-            if other == base:
-                continue
+            if other == base or (base, other) in done:
+                continue  # one direction per pair of schedules
+            done.add((other, base))
             a: dict[str, list[float | None]] = {}
             b: dict[str, list[float | None]] = {}
             seeds = sorted(set(by[base]) & set(by[other]))

@@ -1,7 +1,9 @@
 """Schedules: which phases run, in what order, with what budgets and stopping rules.
 
 A schedule is a list of `PhaseSpec`s fixed at the start (so a resumed run knows where it is);
-the adaptive schedule's phases carry stopping rules that end them early.
+the adaptive schedule's phases carry stopping rules that end them early. `best-of-n` is the
+control for search: harness-only's phase and proposal budget, its candidates drawn from the
+rules catalogue at random without reading any score (`search.proposers.rules.draw`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,15 @@ from typing import Literal
 from whale_lab.config import ScheduleConfig
 
 PhaseKind = Literal["weight", "harness"]
-SCHEDULES = ("whale", "adaptive", "weight-only", "harness-only", "stagewise", "prompt-only")
+SCHEDULES = (
+    "whale",
+    "adaptive",
+    "weight-only",
+    "harness-only",
+    "stagewise",
+    "prompt-only",
+    "best-of-n",
+)
 
 
 @dataclass(frozen=True)
@@ -24,6 +34,7 @@ class PhaseSpec:
     budget: float  # epochs of the weight split, or harness iterations
     adaptive: bool = False
     prompt_only: bool = False
+    draws: bool = False  # candidates drawn at random from the catalogue, no search (best-of-n)
 
     @property
     def unit(self) -> str:
@@ -37,15 +48,21 @@ def plan(cfg: ScheduleConfig) -> list[PhaseSpec]:
         return [PhaseSpec("weight", 1, cfg.total_weight_epochs)]
     if kind == "harness-only":
         return [PhaseSpec("harness", 1, float(cfg.total_harness_iterations))]
+    if kind == "best-of-n":
+        return [PhaseSpec("harness", 1, float(cfg.total_harness_iterations), draws=True)]
     if kind == "stagewise":
-        return [PhaseSpec("weight", 1, cfg.total_weight_epochs),
-                PhaseSpec("harness", 1, float(cfg.total_harness_iterations))]
+        return [
+            PhaseSpec("weight", 1, cfg.total_weight_epochs),
+            PhaseSpec("harness", 1, float(cfg.total_harness_iterations)),
+        ]
     if kind in ("whale", "prompt-only"):
         prompt_only = kind == "prompt-only"
         phases: list[PhaseSpec] = []
         for c in range(1, cfg.cycles + 1):
             phases.append(PhaseSpec("weight", c, cfg.weight_epochs))
-            phases.append(PhaseSpec("harness", c, float(cfg.harness_iterations), prompt_only=prompt_only))
+            phases.append(
+                PhaseSpec("harness", c, float(cfg.harness_iterations), prompt_only=prompt_only)
+            )
         phases.append(PhaseSpec("weight", cfg.cycles + 1, cfg.weight_epochs))
         return phases
     if kind == "adaptive":
@@ -61,6 +78,17 @@ def plan(cfg: ScheduleConfig) -> list[PhaseSpec]:
         phases.append(PhaseSpec("weight", cfg.cycles + 1, per_weight, adaptive=True))
         return phases
     raise ValueError(f"schedule.kind: unknown schedule {kind!r}")  # config validation prevents this
+
+
+def proposal_budget(cfg: ScheduleConfig, candidates_per_iteration: int) -> int:
+    """Candidates a schedule's harness phases may ask for: every iteration but each phase's first
+    (which re-scores the incoming harness) asks for `candidates_per_iteration`. Adaptive phases
+    may stop earlier, so for them this is a cap. Comparisons hold this equal across schedules."""
+    return sum(
+        max(0, int(round(p.budget)) - 1) * candidates_per_iteration
+        for p in plan(cfg)
+        if p.kind == "harness"
+    )
 
 
 class AdaptiveWeightStop:
@@ -95,8 +123,12 @@ class AdaptiveWeightStop:
         return self.steps >= self.min_steps and self.since_best >= self.patience
 
     def state_dict(self) -> dict:
-        return {"rewards": list(self._rewards), "best": self.best, "steps": self.steps,
-                "since_best": self.since_best}
+        return {
+            "rewards": list(self._rewards),
+            "best": self.best,
+            "steps": self.steps,
+            "since_best": self.since_best,
+        }
 
     def load_state_dict(self, d: dict) -> None:
         self._rewards = deque(d["rewards"], maxlen=self.window)
