@@ -7,6 +7,7 @@ backend's next requests name it.
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -107,6 +108,11 @@ def test_openai_backend_loads_each_new_adapter_and_uses_it(
         if step2.kept:
             assert adapter_server.record.loads[-1][0] == "step-2"
             assert backend.active_model == "step-2"
+            # the superseded adapter leaves the server (its folder is pruned two steps on)
+            assert adapter_server.record.unloads == ["step-1"]
+            assert list(backend.adapters) == ["step-2"]
+            assert os.stat(served).st_mode & 0o777 == 0o755
+            assert {os.stat(f).st_mode & 0o777 for f in served.iterdir()} == {0o644}
             # after the publish, the weight-sync check asks the new adapter its probe prompts
             assert requests[step2.rollouts :] == ["step-2"] * len(PROBE_PROMPTS)
         else:

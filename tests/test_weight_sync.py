@@ -271,6 +271,7 @@ def test_vllm_reads_the_sampled_token_logprobs_and_drops_the_end_token() -> None
     be.llm = FakeLLM()
     be.tokenizer = SimpleNamespace(eos_token_id=2)
     be._lora = None
+    be.chat_template_kwargs = {}
     a, b = be.generate(PROMPTS, GREEDY_LP)
     assert seen[0].logprobs == 0  # only the sampled token's own log-probability
     assert (a.token_ids, a.token_logprobs, a.completion_tokens) == ((5, 6), (-0.5, -1.5), 2)

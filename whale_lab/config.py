@@ -84,7 +84,25 @@ class LoraConfig:
     rank: int = _f(8, 1, 1024)
     alpha: float = _f(16.0, 0.0, 1e6, lo_open=True)
     dropout: float = _f(0.0, 0.0, 1.0)
-    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    # Layer names (as peft matches them), or "all-linear": every linear layer but the output head,
+    # so a model with other projection names (linear-attention layers) is adapted everywhere.
+    target_modules: tuple[str, ...] | Literal["all-linear"] = (
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+    )
+
+
+@dataclass(frozen=True)
+class VllmConfig:
+    """In-process vLLM (`model.backend = "vllm"`); a `vllm serve` takes these as its own flags."""
+
+    gpu_memory_utilization: float = _f(0.85, 0.0, 1.0, lo_open=True)
+    # Sleep (level 1: weights to CPU, KV cache freed) during the SFT pass, wake after.
+    enable_sleep_mode: bool = False
+    tensor_parallel_size: int = _f(1, 1, 1024)
+    enforce_eager: bool = False  # no CUDA graphs: slower decoding, faster start, less memory
 
 
 @dataclass(frozen=True)
@@ -95,14 +113,15 @@ class ModelConfig:
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
     device: str = _f("cpu", pattern=DEVICE_PATTERN, expect=DEVICE_FORMS)
     max_context_tokens: int = _f(2048, 64, MAX_TOKENS)
-    # openai backend only
-    base_url: str = "http://127.0.0.1:8000/v1"
+    # openai backend only; a list names independent endpoints serving the same model
+    base_url: str | tuple[str, ...] = "http://127.0.0.1:8000/v1"
     served_model: str = ""
     api_key_env: str = "OPENAI_API_KEY"
     request_timeout_s: float = _f(120.0, 0.0, DAY_S, lo_open=True)
     max_retries: int = _f(3, 0, 20)
     concurrency: int = _f(16, 1, 1024)
     lora: LoraConfig = field(default_factory=LoraConfig)
+    vllm: VllmConfig = field(default_factory=VllmConfig)
 
 
 @dataclass(frozen=True)
@@ -139,6 +158,8 @@ class SamplingConfig:
     batch_size: int = _f(64, 1, MAX_COUNT)
     # Share of a scoring wave whose episodes may end in backend errors before scoring stops.
     max_invalid_share: float = _f(0.05, 0.0, 1.0)
+    # Extra variables for the chat template, on every backend (e.g. enable_thinking = false).
+    chat_template_kwargs: dict[str, bool | int | float | str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -163,6 +184,8 @@ class RsftConfig:
     weight_decay: float = _f(0.0, 0.0, 10.0)
     max_grad_norm: float = _f(1.0, 0.0, 1e6, lo_open=True)
     full_finetune: bool = False
+    # Recompute activations in the backward pass: less memory for long replies, ~30% more time.
+    gradient_checkpointing: bool = False
     # Half an epoch keeps evaluation under a quarter of a default cycle's time (with test only at
     # new bests on val), measured with benchmarks/cycle_split.py.
     eval_every: float = _f(0.5, 0.0, MAX_EPOCHS, lo_open=True, doc="fraction of an epoch of the weight split")
@@ -271,6 +294,8 @@ def _to_dict(obj: Any) -> Any:
         return {f.name: _to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, tuple):
         return [_to_dict(x) for x in obj]
+    if isinstance(obj, dict):
+        return dict(obj)
     return obj
 
 
@@ -280,7 +305,7 @@ def _type_name(tp: Any) -> str:
         return "one of " + ", ".join(repr(a) for a in get_args(tp))
     if origin in (tuple,):
         return f"a list of {_type_name(get_args(tp)[0])}"
-    if dataclasses.is_dataclass(tp):
+    if dataclasses.is_dataclass(tp) or origin is dict:
         return "a table"
     return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(
         tp, str(tp)
@@ -317,6 +342,19 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{path}: expected a table, got {type(value).__name__}")
         return _build(tp, value, path)
+    if origin is dict:  # a free table of scalars (chat template variables)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a table, got {type(value).__name__}")
+        _key_tp, value_tp = get_args(tp)
+        out = {}
+        for key, item in value.items():
+            if isinstance(item, (dict, list)):
+                raise ConfigError(
+                    f"{path}.{_key_text(key)}: expected true/false, a number or a string, "
+                    f"got {type(item).__name__}"
+                )
+            out[key] = _convert(item, value_tp, f"{path}.{_key_text(key)}")
+        return out
     if tp is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{path}: expected true or false, got {_show(value)}")

@@ -54,6 +54,7 @@ class HFBackend:
         max_context_tokens: int = 2048,
         continuous: bool = True,
         refill: int | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         if batch_size < 1:
             raise BackendError(f"batch_size must be >= 1, got {batch_size}")
@@ -75,6 +76,8 @@ class HFBackend:
         # while leaving ~5% of slots empty. 1 refills at every step.
         self.refill = refill
         self.decode_stats = DecodeStats()
+        # Template variables (sampling.chat_template_kwargs, e.g. enable_thinking) in every render.
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         if device is not None:
             model.to(device)
 
@@ -99,6 +102,7 @@ class HFBackend:
             device=None if given else cfg.model.device,  # a given model stays where it is
             batch_size=cfg.sampling.batch_size,
             max_context_tokens=cfg.model.max_context_tokens,
+            chat_template_kwargs=cfg.sampling.chat_template_kwargs,
         )
 
     # ------------------------------------------------------------------ tokens
@@ -108,7 +112,7 @@ class HFBackend:
         msgs = check_messages(messages, where)
         try:
             text = self.tokenizer.apply_chat_template(
-                msgs, add_generation_prompt=True, tokenize=False
+                msgs, add_generation_prompt=True, tokenize=False, **self.chat_template_kwargs
             )
         except Exception as exc:  # jinja errors from the template (e.g. role order rules)
             raise BackendError(f"{where}: the chat template rejected the messages: {exc}") from None

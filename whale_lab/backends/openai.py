@@ -7,7 +7,10 @@ other 4xx answers are not. A server that cannot be reached fails the whole batch
 timeouts) gets `Generation(finish_reason="error")` so that one bad prompt never sinks the batch.
 
 Adapters: `load_adapter(path, name)` uses vLLM's runtime LoRA endpoint, after which requests name the
-adapter as their model, so harness search sees the weights RSFT just trained.
+adapter as their model, so harness search sees the weights RSFT just trained. The adapter it
+replaces is unloaded from the server (`/v1/unload_lora_adapter`): the run serves one policy at a
+time, and the checkpointer deletes superseded adapter folders, which the server must not keep
+pointing at.
 
 Honesty checks (on for a backend built from a config, before its first generation): `preflight()`
 lists `/v1/models`, tells vLLM from `transformers serve` (each needs its own fields to sample),
@@ -58,7 +61,14 @@ if TYPE_CHECKING:
 
 # Request fields that some servers reject (`transformers serve` refuses top_k, a few refuse seed).
 # When a 400/422 names one, it is dropped for the rest of the backend's life and the request resent.
-OPTIONAL_FIELDS = ("top_k", "seed", "return_tokens_as_token_ids", "logprobs", "generation_config")
+OPTIONAL_FIELDS = (
+    "top_k",
+    "seed",
+    "return_tokens_as_token_ids",
+    "logprobs",
+    "generation_config",
+    "chat_template_kwargs",
+)
 # What `preflight` can tell a server to be; "" is "not looked at" (send the plain fields).
 SERVER_LABELS = {
     "vllm": "vLLM",
@@ -122,6 +132,7 @@ class OpenAIBackend(ServerChecks):
         server_kind: str = "",
         aliases: Sequence[str] = (),
         verify: bool = False,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise BackendError(
@@ -147,6 +158,9 @@ class OpenAIBackend(ServerChecks):
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self.adapters: dict[str, str] = {}  # name -> path, as loaded on the server
+        # Sent with every request (vLLM renders the template with them, e.g. enable_thinking)
+        # and used by the local tokenizer, so counted and trained tokens match the served ones.
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.dropped_fields: set[str] = set()
         if server_kind not in SERVER_LABELS:
             raise BackendError(
@@ -190,6 +204,7 @@ class OpenAIBackend(ServerChecks):
             tokenizer=tokenizer,
             aliases=(m.path,) if m.served_model else (),
             verify=True,
+            chat_template_kwargs=cfg.sampling.chat_template_kwargs,
         )
 
     @property
@@ -208,7 +223,7 @@ class OpenAIBackend(ServerChecks):
         msgs = check_messages(messages, "prompt")
         if self.tokenizer is not None:
             text = self.tokenizer.apply_chat_template(
-                msgs, add_generation_prompt=True, tokenize=False
+                msgs, add_generation_prompt=True, tokenize=False, **self.chat_template_kwargs
             )
             return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         # No tokenizer: about four characters a token, plus a few for each message's framing.
@@ -288,6 +303,8 @@ class OpenAIBackend(ServerChecks):
         }
         if params.stop:
             body["stop"] = list(params.stop)
+        if self.chat_template_kwargs:
+            body["chat_template_kwargs"] = dict(self.chat_template_kwargs)
         if self.server_kind == "transformers":
             # `transformers serve` copies temperature and top_p into the model's generation config
             # but only ever switches do_sample off (at temperature 0), refuses top_k and ignores n
@@ -473,6 +490,11 @@ class OpenAIBackend(ServerChecks):
             )
         self.adapters[name] = path
         self.active_model = name
+        for old in [a for a in self.adapters if a != name]:
+            try:
+                self.unload_adapter(old)
+            except BackendError as exc:  # the new adapter serves; a leftover only costs memory
+                log.warning("could not unload superseded adapter %r: %s", old, exc)
 
     def unload_adapter(self, name: str) -> None:
         """Remove an adapter from the server; requests go back to the base model if it was active."""
@@ -578,4 +600,3 @@ def _token_logprobs(data: Any, params: SamplingParams) -> tuple[tuple[int, ...],
         ids.append(int(match.group(1)))
         lps.append(float(lp))
     return tuple(ids), tuple(lps)
-

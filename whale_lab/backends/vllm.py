@@ -2,8 +2,19 @@
 
 vLLM is an optional, GPU-only extra: this module imports it only when the backend is built, and a
 missing or unusable install is a `BackendError` that says what to do instead. Weights trained by
-RSFT reach vLLM as a LoRA adapter folder through `load_adapter(path, name)`; each load gets a fresh
-adapter id so vLLM never serves a stale cached copy of an adapter that was saved again.
+RSFT reach vLLM in one of two ways, each followed by the served-policy check (`weights/sync.py`):
+
+* LoRA: `load_adapter(path, name)` registers the folder under a fresh adapter id (vLLM caches
+  adapters by id, so a reused id could serve a stale copy) and removes every older adapter from
+  vLLM (`remove_lora`), so GPU slots and CPU cache hold only what the run still serves.
+* full fine-tuning: `load_weights(path)` sends a safetensors file of the trained weights to every
+  worker through `LLM.collective_rpc`, where the model's own `load_weights` (the path vLLM's RLHF
+  examples use) copies them in, and the prefix cache is reset so no KV block of the old weights
+  is reused.
+
+With `model.vllm.enable_sleep_mode`, `training_window()` puts the engine to sleep (level 1:
+weights offloaded to CPU, KV cache freed) for the SFT pass and wakes it after, so the training
+copy gets the memory the KV cache held.
 
 Token ids come back without the end token (as the `hf` backend returns them), and with
 `SamplingParams.logprobs` each one's log-probability under vLLM's default `raw_logprobs` mode (the
@@ -12,9 +23,10 @@ model's distribution before temperature/top-k/top-p), read from the sampled-toke
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -75,19 +87,30 @@ class VLLMBackend:
         max_lora_rank: int = 64,
         gpu_memory_utilization: float = 0.85,
         seed: int = 0,
+        enable_sleep_mode: bool = False,
+        tensor_parallel_size: int = 1,
+        enforce_eager: bool = False,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self._vllm = _import_vllm()
         self.model_path = model_path
         self.max_context_tokens = max_context_tokens
+        self.sleep_mode = enable_sleep_mode
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        extra: dict[str, Any] = {"enable_sleep_mode": True} if enable_sleep_mode else {}
+        if enable_lora:
+            extra["max_lora_rank"] = max_lora_rank
         try:
             self.llm = self._vllm.LLM(
                 model=model_path,
                 dtype=dtype,
                 max_model_len=max_context_tokens,
                 enable_lora=enable_lora,
-                max_lora_rank=max_lora_rank,
                 gpu_memory_utilization=gpu_memory_utilization,
+                tensor_parallel_size=tensor_parallel_size,
+                enforce_eager=enforce_eager,
                 seed=seed,
+                **extra,
             )
         except Exception as exc:  # no GPU, bad folder, out of memory: vLLM raises many kinds
             raise BackendError(f"vLLM could not start model {model_path!r}: {exc}") from None
@@ -95,24 +118,34 @@ class VLLMBackend:
         self._lora: Any = None
         self._lora_ids = itertools.count(1)
         self.adapters: dict[str, Any] = {}
+        self.weight_loads = 0  # full-weight publishes so far
+        self.sleeps = 0  # training windows slept through
 
     @classmethod
     def from_config(cls, cfg: Config, model: Any = None, tokenizer: Any = None) -> VLLMBackend:
         """vLLM over `cfg.model.path` (a preset resolves to its local folder first)."""
         from whale_lab.presets import resolve_model_path
 
+        v = cfg.model.vllm
         return cls(
             resolve_model_path(cfg.model.path),
             dtype=cfg.model.dtype,
             max_context_tokens=cfg.model.max_context_tokens,
-            enable_lora=cfg.model.lora.enabled,
+            enable_lora=cfg.model.lora.enabled and not cfg.rsft.full_finetune,
             max_lora_rank=_lora_rank_slot(cfg.model.lora.rank),
+            gpu_memory_utilization=v.gpu_memory_utilization,
             seed=cfg.run.seed,
+            enable_sleep_mode=v.enable_sleep_mode,
+            tensor_parallel_size=v.tensor_parallel_size,
+            enforce_eager=v.enforce_eager,
+            chat_template_kwargs=cfg.sampling.chat_template_kwargs,
         )
 
     def count_tokens(self, messages: Sequence[Message]) -> int:
         msgs = check_messages(messages, "prompt")
-        text = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+        text = self.tokenizer.apply_chat_template(
+            msgs, add_generation_prompt=True, tokenize=False, **self.chat_template_kwargs
+        )
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def generate(
@@ -136,12 +169,16 @@ class VLLMBackend:
             )
             for i in range(len(convs))
         ]
+        extra = (
+            {"chat_template_kwargs": self.chat_template_kwargs} if self.chat_template_kwargs else {}
+        )
         outputs = self.llm.chat(
             convs,
             sampling_params=sps,
             use_tqdm=False,
             lora_request=self._lora,
             add_generation_prompt=True,
+            **extra,
         )
         results = []
         end_ids = self._end_ids()
@@ -180,16 +217,50 @@ class VLLMBackend:
         return set()
 
     def load_adapter(self, path: str | Path, name: str) -> None:
-        """Serve the LoRA adapter in `path` from the next generate on (a fresh id: no stale cache)."""
+        """Serve the LoRA adapter in `path` from the next generate on, under a fresh id; every
+        other adapter is removed from vLLM (the run serves one policy at a time)."""
         if not (Path(path) / "adapter_config.json").exists():
             raise BackendError(f"{path} is not a LoRA adapter folder (no adapter_config.json)")
         from vllm.lora.request import LoRARequest
 
-        if name in self.adapters:
-            self.unload_adapter(name)
         req = LoRARequest(name, next(self._lora_ids), str(path))
+        for old in list(self.adapters):
+            self.unload_adapter(old)
         self.adapters[name] = req
         self._lora = req
+
+    def load_weights(self, path: str | Path) -> None:
+        """Copy the full weights in the safetensors file `path` into every worker's model (names
+        as the transformers model has them; vLLM's loader maps and packs them), then drop the
+        prefix cache, whose blocks were computed with the old weights."""
+        path = Path(path)
+        if not path.is_file():
+            raise BackendError(f"{path}: no weights file to load into vLLM")
+        if self._lora is not None:
+            raise BackendError("full weights cannot be loaded while a LoRA adapter is served")
+        try:
+            counts = self.llm.collective_rpc(load_weights_in_worker, args=(str(path),))
+        except Exception as exc:  # a worker that died or refused the names: one line
+            raise BackendError(f"vLLM could not load the weights in {path}: {exc}") from None
+        if not counts or min(int(c) for c in counts) == 0:
+            raise BackendError(f"vLLM loaded no tensor from {path} (workers answered {counts})")
+        self.llm.reset_prefix_cache()
+        self.weight_loads += 1
+
+    @contextlib.contextmanager
+    def training_window(self) -> Iterator[None]:
+        """Asleep (level 1) while the trainer runs when sleep mode is on; awake again after,
+        even when training fails, so the next rollouts find the engine serving."""
+        if not self.sleep_mode:
+            yield
+            return
+        self.llm.reset_prefix_cache()
+        self.llm.sleep(level=1)
+        self.sleeps += 1
+        try:
+            yield
+        finally:
+            self.llm.wake_up()
 
     def unload_adapter(self, name: str) -> None:
         req = self.adapters.pop(name, None)
@@ -214,6 +285,17 @@ class VLLMBackend:
                 torch.cuda.empty_cache()
         except ImportError:
             pass
+
+
+def load_weights_in_worker(worker: Any, path: str) -> int:
+    """Runs inside each vLLM worker (sent by `collective_rpc`): read the file on the worker's own
+    device and hand the tensors to the model's loader; the number of tensors read."""
+    from safetensors.torch import load_file
+
+    device = getattr(worker, "device", "cpu")
+    tensors = load_file(path, device=str(device))
+    worker.model_runner.model.load_weights(weights=iter(tensors.items()))
+    return len(tensors)
 
 
 def _sampled_logprobs(comp: Any, ids: Sequence[int]) -> list[float]:

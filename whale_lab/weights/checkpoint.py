@@ -7,6 +7,10 @@ Under `<run>/weights/`:
   checkpoints/step-NNNNNN/   the adapter (or full model) at each evaluation, with meta.json
   best.json             the best-by-val evaluation checkpoint
   adapters/step-NNNNNN/ the adapter served after step N (openai backend: load_adapter)
+  served/step-NNNNNN.safetensors  the full weights served after step N (vLLM: load_weights)
+
+Everything a server may read (served adapters and weights, evaluation checkpoints) is made
+world-readable: a `vllm serve` running as another user must open it, and safetensors writes 0600.
 """
 
 from __future__ import annotations
@@ -32,6 +36,29 @@ STATE_FILE = "state.json"
 
 def step_name(step: int) -> str:
     return f"step-{step:06d}"
+
+
+def make_readable(path: Path) -> None:
+    """Files 0644 and folders 0755 under `path` (itself included): readable by any user."""
+    paths = [path, *path.rglob("*")] if path.is_dir() else [path]
+    for p in paths:
+        os.chmod(p, 0o755 if p.is_dir() else 0o644)
+
+
+def save_full_weights(tm: TrainableModel, path: str | Path) -> None:
+    """Every weight of the model under its transformers name, in one safetensors file (what
+    vLLM's `load_weights` takes); tied tensors are written once."""
+    from safetensors.torch import save_file
+
+    seen: set[int] = set()
+    tensors = {}
+    for name, p in tm.base.state_dict().items():
+        key = p.data_ptr()
+        if key in seen:
+            continue
+        seen.add(key)
+        tensors[name] = p.detach().contiguous()
+    save_file(tensors, str(path))
 
 
 def save_trainable(tm: TrainableModel, path: str | Path) -> None:
@@ -153,6 +180,7 @@ class Checkpointer:
         shutil.rmtree(tmp, ignore_errors=True)
         tm.save_pretrained(tmp)
         atomic_write_json(tmp / "meta.json", meta)
+        make_readable(tmp)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         return final
@@ -171,9 +199,25 @@ class Checkpointer:
         tmp = final.with_name(final.name + f".tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         tm.save_pretrained(tmp)
+        make_readable(tmp)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         self._prune(self.root / "adapters", self.keep_served, keep={final.name})
+        return final
+
+    def save_served_weights(self, step: int, tm: TrainableModel) -> Path:
+        """The full weights a vLLM engine loads after step N; only the newest file is kept
+        (a 4B model is 8 GB a step in bf16)."""
+        folder = self.root / "served"
+        folder.mkdir(parents=True, exist_ok=True)
+        final = folder / f"{step_name(step)}.safetensors"
+        tmp = final.with_name(final.name + f".tmp{os.getpid()}")
+        save_full_weights(tm, tmp)
+        make_readable(tmp)
+        os.replace(tmp, final)
+        for old in folder.glob("step-*.safetensors*"):
+            if old != final:
+                old.unlink(missing_ok=True)
         return final
 
     @staticmethod

@@ -35,6 +35,7 @@ class TrainableModel:
     base: Any  # the transformers model; the `hf` backend generates with this very object
     tokenizer: Any
     lora: bool
+    adapted: tuple[str, ...] = ()  # full names of the modules LoRA wraps (empty: full FT)
 
     def named_trainable(self) -> Iterator[tuple[str, Any]]:
         for name, p in self.model.named_parameters():
@@ -80,6 +81,41 @@ def _linear_module_names(model: Any) -> list[str]:
     return sorted({name.rsplit(".", 1)[-1] for name in _linear_modules(model)})
 
 
+ALL_LINEAR = "all-linear"
+
+
+def _output_head_names(model: Any) -> set[str]:
+    """The output projection's module name(s): peft's "all-linear" leaves the LM head alone."""
+    get = getattr(model, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    return {name for name, mod in model.named_modules() if head is not None and mod is head}
+
+
+def resolve_target_modules(model: Any, targets: tuple[str, ...] | str) -> tuple[str, ...]:
+    """The layer names LoRA will wrap: the configured names (each checked against the model), or
+    for "all-linear" every linear layer's name but the output head's, as peft resolves it."""
+    if targets == ALL_LINEAR or tuple(targets) == (ALL_LINEAR,):
+        heads = _output_head_names(model)
+        names = sorted(
+            {n.rsplit(".", 1)[-1] for n in _linear_modules(model) if n not in heads}
+            - {h.rsplit(".", 1)[-1] for h in heads}
+        )
+        if not names:
+            raise WeightsError(
+                "model.lora.target_modules = 'all-linear': the model has no linear layers "
+                "besides its output head, so LoRA would adapt nothing"
+            )
+        return tuple(names)
+    check_target_modules(model, tuple(targets))
+    return tuple(targets)
+
+
+def adapted_summary(tm: TrainableModel) -> str:
+    """One line on what LoRA adapts: how many modules, under which names."""
+    names = sorted({n.rsplit(".", 1)[-1] for n in tm.adapted})
+    return f"LoRA adapts {len(tm.adapted)} modules named {', '.join(names)}"
+
+
 _SHOWN_NAMES = 8  # a 70B model has hundreds of layers; a few real names are enough to fix a typo
 
 
@@ -89,9 +125,7 @@ def check_target_modules(model: Any, targets: tuple[str, ...] | list[str]) -> No
     model loads; otherwise a one-line WeightsError listing a few real names."""
     full = _linear_modules(model)
     names = _linear_module_names(model)
-    missing = [
-        t for t in targets if not any(n == t or n.endswith("." + t) for n in full)
-    ]
+    missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in full)]
     if not missing and targets:
         return
     shown = ", ".join(names[:_SHOWN_NAMES])
@@ -140,7 +174,7 @@ def attach(model: Any, tokenizer: Any, cfg: Config) -> TrainableModel:
         _ATTACHED[model] = tm
         return tm
     lc = cfg.model.lora
-    check_target_modules(model, lc.target_modules)  # before importing peft: a typo fails fast
+    targets = resolve_target_modules(model, lc.target_modules)  # before peft: a typo fails fast
     from peft import LoraConfig, get_peft_model
 
     for p in model.parameters():
@@ -149,7 +183,7 @@ def attach(model: Any, tokenizer: Any, cfg: Config) -> TrainableModel:
         r=lc.rank,
         lora_alpha=lc.alpha,
         lora_dropout=lc.dropout,
-        target_modules=list(lc.target_modules),
+        target_modules=list(targets),
         bias="none",
         task_type="CAUSAL_LM",
     )
@@ -166,7 +200,12 @@ def attach(model: Any, tokenizer: Any, cfg: Config) -> TrainableModel:
     except ValueError as exc:
         raise WeightsError(f"cannot attach LoRA to the model: {exc}") from None
     model.eval()
-    tm = TrainableModel(model=peft_model, base=model, tokenizer=tokenizer, lora=True)
+    adapted = tuple(n for n, mod in peft_model.named_modules() if hasattr(mod, "lora_A"))
+    if not adapted:
+        raise WeightsError(f"model.lora.target_modules {list(targets)}: peft adapted no module")
+    tm = TrainableModel(
+        model=peft_model, base=model, tokenizer=tokenizer, lora=True, adapted=adapted
+    )
     _ATTACHED[model] = tm
     return tm
 

@@ -10,6 +10,10 @@ weights serve the very next rollouts:
 * adapter backends (`openai` against vLLM, or any backend with `load_adapter(path, name)`):
   a local copy of the base model is trained, the adapter is saved after each update and loaded
   into the server as `step-<n>` before the next rollouts.
+* full fine-tuning on a backend with `load_weights(path)` (in-process vLLM): a local copy is
+  trained in full and its weights are written to one safetensors file and loaded into the
+  serving engine after each update. Backends with `training_window()` (vLLM's sleep mode) give
+  the SFT pass their memory while it runs.
 
 After every publish the backend's greedy log-probabilities on a few probe prompts are checked
 against the trainer's new and previous weights (`weights/sync.py`): a backend that does not
@@ -21,6 +25,7 @@ state) is written, so a run killed at any moment resumes from its last completed
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -43,10 +48,24 @@ from whale_lab.events import (
 from whale_lab.store import RunStore, read_jsonl
 from whale_lab.trace import EpisodeTrace
 from whale_lab.weights.checkpoint import Checkpointer
-from whale_lab.weights.lora import TrainableModel, WeightsError, attach, load_adapter_weights
+from whale_lab.weights.lora import (
+    ALL_LINEAR,
+    TrainableModel,
+    WeightsError,
+    adapted_summary,
+    attach,
+    load_adapter_weights,
+)
 from whale_lab.weights.resume import EvalRecord, ResumablePhase
 from whale_lab.weights.sampler import PromptSampler
-from whale_lab.weights.sft import SftStats, accept, build_examples, end_token_id, sft_pass
+from whale_lab.weights.sft import (
+    SftStats,
+    accept,
+    build_examples,
+    enable_checkpointing,
+    end_token_id,
+    sft_pass,
+)
 from whale_lab.weights.sync import SKIPPED, UNVERIFIED, SyncResult, WeightSync
 
 StopWhen = Callable[[Sequence[WeightStep]], bool]
@@ -99,7 +118,13 @@ class RsftPhase(ResumablePhase):
         self.harness_rollouts = 0  # set by the engine, reported beside evaluations
         self.weight_tasks: list[Task] = list(domain.tasks("weight"))
         self.sampler = PromptSampler([t.id for t in self.weight_tasks], seed=cfg.run.seed)
+        # "in_place": the backend generates with the very model trained here; "adapter": a
+        # training copy whose weights are published to the backend (an adapter, or in full)
         self.tm, self.mode = self._trainable()
+        if cfg.rsft.gradient_checkpointing:
+            enable_checkpointing(self.tm)
+        if self.tm.lora and cfg.model.lora.target_modules in (ALL_LINEAR, (ALL_LINEAR,)):
+            self.emit(Log(level="info", message=adapted_summary(self.tm)))
         self.eos_id = end_token_id(self.tm.tokenizer, self.tm.base)
         pad = self.tm.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else self.eos_id)
@@ -129,7 +154,8 @@ class RsftPhase(ResumablePhase):
         self.last_publish_seconds = 0.0
         self.last_sft: SftStats | None = None
         encode = getattr(self.backend, "encode_chat", None) if self.mode == "in_place" else None
-        self.sync = WeightSync(self.tm, encode=encode)
+        self.template_kwargs = dict(cfg.sampling.chat_template_kwargs)
+        self.sync = WeightSync(self.tm, encode=encode, template_kwargs=self.template_kwargs)
         self.last_sync: SyncResult | None = None
         self.served_version = self._version_now()
         self._noted: set[str] = set()  # notes (unverified sync, re-encoded turns) already logged
@@ -141,12 +167,14 @@ class RsftPhase(ResumablePhase):
         tok = getattr(be, "tokenizer", None)
         if model is not None and tok is not None:
             return attach(model, tok, self.cfg), "in_place"
-        if callable(getattr(be, "load_adapter", None)):
-            if self.cfg.rsft.full_finetune or not self.cfg.model.lora.enabled:
+        full = self.cfg.rsft.full_finetune or not self.cfg.model.lora.enabled
+        takes_weights = callable(getattr(be, "load_weights", None))
+        if callable(getattr(be, "load_adapter", None)) or (full and takes_weights):
+            if full and not takes_weights:
                 raise WeightsError(
-                    f"rsft.full_finetune with the {getattr(be, 'name', '?')} backend: a server can "
-                    "only take new weights as a LoRA adapter; use LoRA (model.lora.enabled = true) "
-                    "or the hf backend"
+                    f"rsft.full_finetune with the {getattr(be, 'name', '?')} backend: it can "
+                    "only take new weights as a LoRA adapter; use LoRA (model.lora.enabled = "
+                    "true), the vllm backend (in process) or the hf backend"
                 )
             from whale_lab.devices import resolve_device
             from whale_lab.models import load_model_and_tokenizer
@@ -393,19 +421,22 @@ class RsftPhase(ResumablePhase):
             eos_id=self.eos_id,
             max_length=self.cfg.model.max_context_tokens,
             encode=encode,
+            template_kwargs=self.template_kwargs,
         )
         if examples:
             self.sync.remember()  # what the backend serves until the publish after this update
-        stats = sft_pass(
-            self.tm.model,
-            self.optimizer,
-            examples,
-            minibatch_size=self.cfg.rsft.minibatch_size,
-            max_grad_norm=self.cfg.rsft.max_grad_norm,
-            pad_id=self.pad_id,
-            params=self.tm.parameters(),
-            seed=seed,
-        )
+        window = getattr(self.backend, "training_window", None)
+        with window() if examples and callable(window) else contextlib.nullcontext():
+            stats = sft_pass(
+                self.tm.model,
+                self.optimizer,
+                examples,
+                minibatch_size=self.cfg.rsft.minibatch_size,
+                max_grad_norm=self.cfg.rsft.max_grad_norm,
+                pad_id=self.pad_id,
+                params=self.tm.parameters(),
+                seed=seed,
+            )
         self.tm.eval()
         self.last_sft = stats
         if stats.reencoded_turns:
@@ -422,7 +453,7 @@ class RsftPhase(ResumablePhase):
         """Make the current weights the ones the backend generates with (adapter backends), then
         check that it does (`WeightSyncError` if not); the check's result, None when nothing was
         published. `initial`: serve weights this object already holds (resumed, given) once."""
-        if self.mode != "adapter":
+        if self.mode == "in_place":
             self.last_publish_seconds = 0.0  # in place: the backend already holds these weights
             if initial:
                 return None
@@ -431,28 +462,38 @@ class RsftPhase(ResumablePhase):
         if initial and (self._served is not None or self.updates == 0):
             return None
         t0 = time.perf_counter()
-        path = self.ckpt.save_served(self.step, self.tm)
         name = f"step-{self.step}"  # a name the server already holds is replaced by the backend
-        self.backend.load_adapter(str(path), name=name)  # type: ignore[attr-defined]
+        if not self.tm.lora:  # a separate serving copy that takes the full weights
+            path = self.ckpt.save_served_weights(self.step, self.tm)
+            self.backend.load_weights(str(path))  # type: ignore[attr-defined]
+        else:
+            path = self.ckpt.save_served(self.step, self.tm)
+            self.backend.load_adapter(str(path), name=name)  # type: ignore[attr-defined]
         self._served = name
         self.served_version = name
         self.last_publish_seconds = time.perf_counter() - t0
         # a first publish replaces what a fresh server starts with: the base model
-        result = self._verify(adapter=name, baseline=initial)
+        if not self.tm.lora:
+            result = self._verify(adapter="", baseline=initial, label=f"full weights {name}")
+        else:
+            result = self._verify(adapter=name, baseline=initial)
         if initial:  # no weight_step carries this check: say it here
             self.emit(
                 Log(
                     level="info",
                     message=f"weights {name} published to the {getattr(self.backend, 'name', '?')} "
-                    f"backend: sync {result.status}"
-                    + (f" ({result.note})" if result.note else ""),
+                    f"backend: sync {result.status}" + (f" ({result.note})" if result.note else ""),
                 )
             )
         return result
 
-    def _verify(self, *, adapter: str, baseline: bool) -> SyncResult:
+    def _verify(self, *, adapter: str, baseline: bool, label: str = "") -> SyncResult:
         result = self.sync.check(
-            self.backend, served_version=self.served_version, adapter=adapter, baseline=baseline
+            self.backend,
+            served_version=self.served_version,
+            adapter=adapter,
+            baseline=baseline,
+            label=label,
         )
         self.last_sync = result
         if result.status == UNVERIFIED:

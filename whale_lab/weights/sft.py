@@ -77,10 +77,18 @@ def end_token_id(tokenizer: Any, model: Any = None) -> int:
     return int(eos)
 
 
-def render_prefix(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]:
-    """The prompt exactly as a chat backend feeds it: chat template plus generation prompt."""
+def render_prefix(
+    tokenizer: Any,
+    messages: Sequence[dict[str, str]],
+    template_kwargs: dict[str, Any] | None = None,
+) -> list[int]:
+    """The prompt exactly as a chat backend feeds it: chat template plus generation prompt, with
+    the same template variables (`sampling.chat_template_kwargs`, e.g. enable_thinking)."""
     text = tokenizer.apply_chat_template(
-        [dict(m) for m in messages], add_generation_prompt=True, tokenize=False
+        [dict(m) for m in messages],
+        add_generation_prompt=True,
+        tokenize=False,
+        **(template_kwargs or {}),
     )
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
@@ -93,6 +101,7 @@ def turn_example(
     max_length: int | None = None,
     task_id: str = "",
     encode: Encode | None = None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> SftExample | None:
     """One example from one turn, or None when the turn has nothing to learn (error, empty).
 
@@ -102,7 +111,9 @@ def turn_example(
     if turn.finish_reason == "error":
         return None
     prefix = (
-        list(encode(turn.prompt)) if encode is not None else render_prefix(tokenizer, turn.prompt)
+        list(encode(turn.prompt))
+        if encode is not None
+        else render_prefix(tokenizer, turn.prompt, template_kwargs)
     )
     reencoded = turn.token_ids is None
     if reencoded:
@@ -130,6 +141,7 @@ def build_examples(
     eos_id: int | None = None,
     max_length: int | None = None,
     encode: Encode | None = None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> list[SftExample]:
     """Every turn of every given (already accepted) trace, as examples."""
     eos = end_token_id(tokenizer) if eos_id is None else eos_id
@@ -137,11 +149,31 @@ def build_examples(
     for trace in traces:
         for turn in trace.turns:
             ex = turn_example(
-                turn, tokenizer, eos, max_length=max_length, task_id=trace.task_id, encode=encode
+                turn,
+                tokenizer,
+                eos,
+                max_length=max_length,
+                task_id=trace.task_id,
+                encode=encode,
+                template_kwargs=template_kwargs,
             )
             if ex is not None:
                 out.append(ex)
     return out
+
+
+def enable_checkpointing(tm: Any) -> None:
+    """Recompute activations in the backward pass (`rsft.gradient_checkpointing`). Non-reentrant
+    checkpointing keeps gradients flowing to LoRA weights behind frozen embeddings; generation
+    (eval mode) is unaffected."""
+    base = tm.base
+    if not callable(getattr(base, "gradient_checkpointing_enable", None)):
+        from whale_lab.weights.lora import WeightsError
+
+        raise WeightsError(
+            f"rsft.gradient_checkpointing: {type(base).__name__} does not support it"
+        )
+    base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def collate(examples: Sequence[SftExample], pad_id: int, device: Any = "cpu") -> dict[str, Any]:

@@ -124,9 +124,7 @@ def judge(
         return UNVERIFIED, dist, "the probe generations were empty"
     if not served:
         stale = (
-            previous_gap is not None
-            and max(new_gap) > tolerance
-            and max(previous_gap) <= tolerance
+            previous_gap is not None and max(new_gap) > tolerance and max(previous_gap) <= tolerance
         )
         if stale:
             assert previous_gap is not None
@@ -150,7 +148,11 @@ def judge(
         return "mismatch", dist, "stale"
     if d_new > tolerance:
         if not exact_ids:
-            return UNVERIFIED, dist, "the backend returns no token ids and its text re-encodes differently"
+            return (
+                UNVERIFIED,
+                dist,
+                "the backend returns no token ids and its text re-encodes differently",
+            )
         return "mismatch", dist, "neither"
     if d_old is None:
         return UNVERIFIED, dist, "no previous weights to compare with"
@@ -174,9 +176,11 @@ class WeightSync:
         prompts: Sequence[Sequence[Message]] = PROBE_PROMPTS,
         max_new_tokens: int = PROBE_TOKENS,
         tolerance: float = SYNC_TOLERANCE,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.tm = tm
         self.encode = encode
+        self.template_kwargs = dict(template_kwargs or {})
         self.prompts = [list(p) for p in prompts]
         self.tolerance = tolerance
         self.params = SamplingParams(
@@ -240,6 +244,7 @@ class WeightSync:
         served_version: str,
         adapter: str = "",
         baseline: bool = False,
+        label: str = "",
     ) -> SyncResult:
         """Probe `backend` and compare; a mismatch raises `WeightSyncError`.
 
@@ -248,10 +253,16 @@ class WeightSync:
         """
         t0 = time.perf_counter()
         name = str(getattr(backend, "name", type(backend).__name__))
-        what = f"adapter {adapter!r}" if adapter else f"the weights trained in place ({served_version})"
+        what = label or (
+            f"adapter {adapter!r}"
+            if adapter
+            else f"the weights trained in place ({served_version})"
+        )
         try:
             gens = backend.generate(self.prompts, self.params)
-            probes = [self._probe(p, g, name, what) for p, g in zip(self.prompts, gens, strict=True)]
+            probes = [
+                self._probe(p, g, name, what) for p, g in zip(self.prompts, gens, strict=True)
+            ]
             probes = [p for p in probes if p.ids]
             fingerprint = self.fingerprint()
             new = self._score(probes)
@@ -299,7 +310,9 @@ class WeightSync:
         if self.encode is not None:
             ids = list(self.encode(prompt))
         else:
-            text = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+            text = tok.apply_chat_template(
+                prompt, add_generation_prompt=True, tokenize=False, **self.template_kwargs
+            )
             ids = list(tok(text, add_special_tokens=False)["input_ids"])
         exact = bool(gen.token_ids) or gen.completion_tokens == 0
         out = (
