@@ -109,11 +109,25 @@ def _instrument() -> None:
         setattr(HarnessHost, name, wrapped)
 
 
-def run_engine(cfg: Config, domain: Domain, backend: HFBackend, tasks: list[Task], k: int,
-               params: SamplingParams) -> list[EpisodeTrace]:
-    report = score_harness(domain, default_harness_path(cfg), tasks, k, backend, params,
-                           sandbox=cfg.sandbox, batch_episodes=len(tasks) * k,
-                           max_context_tokens=cfg.model.max_context_tokens)
+def run_engine(
+    cfg: Config,
+    domain: Domain,
+    backend: HFBackend,
+    tasks: list[Task],
+    k: int,
+    params: SamplingParams,
+) -> list[EpisodeTrace]:
+    report = score_harness(
+        domain,
+        default_harness_path(cfg),
+        tasks,
+        k,
+        backend,
+        params,
+        sandbox=cfg.sandbox,
+        batch_episodes=len(tasks) * k,
+        max_context_tokens=cfg.model.max_context_tokens,
+    )
     return list(report.traces)
 
 
@@ -128,7 +142,9 @@ def turn_calls(traces: list[EpisodeTrace]) -> list[list[tuple[Any, int]]]:
     return calls
 
 
-def plain_generate(backend: HFBackend, cfg: Config, prompts: list[list[int]], new_tokens: int) -> None:
+def plain_generate(
+    backend: HFBackend, cfg: Config, prompts: list[list[int]], new_tokens: int
+) -> None:
     """One plain left-padded `model.generate`, forced to `new_tokens`, sampling per cfg.sampling."""
     s = cfg.sampling
     tok, model = backend.tokenizer, backend.model
@@ -137,27 +153,39 @@ def plain_generate(backend: HFBackend, cfg: Config, prompts: list[list[int]], ne
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     sampling: dict[str, Any] = (
-        {"do_sample": False} if s.temperature == 0.0
+        {"do_sample": False}
+        if s.temperature == 0.0
         else {"do_sample": True, "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p}
     )
     with torch.inference_mode():
-        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
-                       min_new_tokens=new_tokens, pad_token_id=pad, **sampling)
+        model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            pad_token_id=pad,
+            **sampling,
+        )
 
 
 def run_upper(backend: HFBackend, cfg: Config, calls: list[list[tuple[list[int], int]]]) -> None:
     size = cfg.sampling.batch_size
     for rows in calls:
         for start in range(0, len(rows), size):
-            chunk = rows[start:start + size]
+            chunk = rows[start : start + size]
             plain_generate(backend, cfg, [p for p, _ in chunk], max(1, max(n for _, n in chunk)))
 
 
-def run_upper_cb(backend: HFBackend, calls: list[list[tuple[Any, int]]], params: SamplingParams,
-                 stop: tuple[str, ...]) -> int:
+def run_upper_cb(
+    backend: HFBackend,
+    calls: list[list[tuple[Any, int]]],
+    params: SamplingParams,
+    stop: tuple[str, ...],
+) -> int:
     p = replace(params, stop=stop) if stop else params
-    return sum(g.completion_tokens for rows in calls
-               for g in backend.generate([m for m, _ in rows], p))
+    return sum(
+        g.completion_tokens for rows in calls for g in backend.generate([m for m, _ in rows], p)
+    )
 
 
 def run_loop(backend: HFBackend, cfg: Config, episodes: list[list[tuple[list[int], int]]]) -> None:
@@ -177,24 +205,41 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=16)
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--loop-episodes", type=int, default=16,
-                    help="episodes timed for the per-episode loop, spread over all tasks")
+    ap.add_argument(
+        "--loop-episodes",
+        type=int,
+        default=16,
+        help="episodes timed for the per-episode loop, spread over all tasks",
+    )
     ap.add_argument("--batch-size", type=int, default=None, help="sampling.batch_size")
-    ap.add_argument("--static", action="store_true",
-                    help="the backend's padded path instead of continuous batching")
+    ap.add_argument(
+        "--static",
+        action="store_true",
+        help="the backend's padded path instead of continuous batching",
+    )
+    ap.add_argument(
+        "--no-prefix-cache",
+        action="store_true",
+        help="keep no rows between turns (every prompt prefilled in full)",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error("--rounds must be >= 1")
     quiet_libraries()
-    overrides = [f"domain.name={args.domain}", f'model.path="{args.model}"',
-                 f"domain.splits.val={args.tasks}"]
+    overrides = [
+        f"domain.name={args.domain}",
+        f'model.path="{args.model}"',
+        f"domain.splits.val={args.tasks}",
+    ]
     if args.batch_size is not None:
         overrides.append(f"sampling.batch_size={args.batch_size}")
     cfg = load_config(None, overrides)
     domain = make_domain(cfg)
     backend = HFBackend.from_config(cfg)
     backend.continuous = not args.static
+    if args.no_prefix_cache:
+        backend.prefix_cache.max_bytes = 0
     tasks = domain.tasks("val")[: args.tasks]
     params = sampling_params(cfg, seed=0)
     probe = HarnessHost(default_harness_path(cfg), domain.name, cfg.sandbox)
@@ -210,40 +255,60 @@ def main() -> None:
     warm_ids = [[(backend.encode_chat(m), n) for m, n in rows] for rows in warm_calls]
     run_upper(backend, cfg, warm_ids)
     run_upper_cb(backend, warm_calls, params, harness_stop)
-    run_loop(backend, cfg, [[(backend.encode_chat(t.prompt), t.completion_tokens)
-                             for t in tr.turns] for tr in warm[:2]])
+    run_loop(
+        backend,
+        cfg,
+        [
+            [(backend.encode_chat(t.prompt), t.completion_tokens) for t in tr.turns]
+            for tr in warm[:2]
+        ],
+    )
 
     rounds: list[dict[str, float]] = []
     slot_use: list[float] = []
     fill: list[float] = []
     shares: list[tuple[float, float]] = []
+    reused: list[float] = []  # share of the engine's prompt tokens taken from kept rows
     tokens = episodes = turns = 0
     same_tokens = True
     for _ in range(args.rounds):
         SPLIT.reset()
         backend.decode_stats.reset()
+        backend.prefix_cache.clear()  # every arm starts cold: no rows kept from the last arm
+        backend.prefix_cache.stats.reset()
         c0 = cpu_now()
         traces = run_engine(cfg, domain, backend, tasks, args.k, params)
         c1 = cpu_now()
+        reused.append(
+            backend.prefix_cache.stats.reused_tokens
+            / max(1, sum(t.prompt_tokens for tr in traces for t in tr.turns))
+        )
         engine_s = sum(c1) - sum(c0)
         slot_use.append(backend.decode_stats.slot_use)
         fill.append(backend.decode_stats.fill)
         host_children = (c1[1] - c0[1]) - SPLIT.tool_children
-        shares.append(((SPLIT.tool_self + SPLIT.tool_children) / engine_s,
-                       (SPLIT.host_self + host_children) / engine_s))
+        shares.append(
+            (
+                (SPLIT.tool_self + SPLIT.tool_children) / engine_s,
+                (SPLIT.host_self + host_children) / engine_s,
+            )
+        )
         tokens = sum(t.completion_tokens for t in traces)
         episodes, turns = len(traces), sum(t.n_turns for t in traces)
         calls = turn_calls(traces)
         ids = [[(backend.encode_chat(m), n) for m, n in rows] for rows in calls]
         stride = max(1, len(traces) // max(1, args.loop_episodes))
         subset = traces[::stride][: args.loop_episodes]
-        loop_eps = [[(backend.encode_chat(t.prompt), t.completion_tokens) for t in tr.turns]
-                    for tr in subset]
+        loop_eps = [
+            [(backend.encode_chat(t.prompt), t.completion_tokens) for t in tr.turns]
+            for tr in subset
+        ]
         loop_tokens = sum(t.completion_tokens for t in subset)
 
         t0 = cpu_total()
         run_upper(backend, cfg, ids)
         upper_s = cpu_total() - t0
+        backend.prefix_cache.clear()
         t0 = cpu_total()
         cb_tokens = run_upper_cb(backend, calls, params, harness_stop)
         upper_cb_s = cpu_total() - t0
@@ -251,12 +316,14 @@ def main() -> None:
         t0 = cpu_total()
         run_loop(backend, cfg, loop_eps)
         loop_s = cpu_total() - t0
-        rounds.append({
-            "engine": tokens / engine_s,
-            "upper": tokens / upper_s,
-            "upper_cb": cb_tokens / upper_cb_s,
-            "loop": loop_tokens / max(loop_s, 1e-9),
-        })
+        rounds.append(
+            {
+                "engine": tokens / engine_s,
+                "upper": tokens / upper_s,
+                "upper_cb": cb_tokens / upper_cb_s,
+                "loop": loop_tokens / max(loop_s, 1e-9),
+            }
+        )
 
     def med(key: str) -> float:
         return statistics.median(r[key] for r in rounds)
@@ -274,41 +341,60 @@ def main() -> None:
         "tool_share": statistics.median(s[0] for s in shares),
         "host_share": statistics.median(s[1] for s in shares),
         "decode_fill": statistics.median(fill),
+        "prefix_reused_share": statistics.median(reused),
         "upper_cb_tok_per_cpu_s": med("upper_cb"),
         "engine_vs_upper_cb": statistics.median(vs_cb),
         "engine_vs_upper_range": ratio_stats(vs_upper),
         "engine_vs_upper_cb_range": ratio_stats(vs_cb),
         "engine_vs_loop_range": ratio_stats(vs_loop),
         "upper_cb_same_tokens": same_tokens,
-        "domain": args.domain, "model": cfg.model.path, "tasks": len(tasks), "k": args.k,
-        "episodes": episodes, "turns": turns, "completion_tokens": tokens,
-        "batch_size": cfg.sampling.batch_size, "rounds": args.rounds,
+        "domain": args.domain,
+        "model": cfg.model.path,
+        "tasks": len(tasks),
+        "k": args.k,
+        "episodes": episodes,
+        "turns": turns,
+        "completion_tokens": tokens,
+        "batch_size": cfg.sampling.batch_size,
+        "rounds": args.rounds,
         "path": "static" if args.static else "continuous",
+        "prefix_cache_mb": backend.prefix_cache.max_bytes // 2**20,
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS", ""),
         "torch_threads": torch.get_num_threads(),
     }
     if args.json:
         print(json.dumps(result))
         return
-    print(f"domain {args.domain}, model {cfg.model.path}, {len(tasks)} tasks x k={args.k} = "
-          f"{episodes} episodes, {turns} turns, {tokens} completion tokens; "
-          f"{result['path']} backend, batch {cfg.sampling.batch_size}, {args.rounds} rounds, "
-          f"torch threads {torch.get_num_threads()}")
+    print(
+        f"domain {args.domain}, model {cfg.model.path}, {len(tasks)} tasks x k={args.k} = "
+        f"{episodes} episodes, {turns} turns, {tokens} completion tokens; "
+        f"{result['path']} backend, batch {cfg.sampling.batch_size}, {args.rounds} rounds, "
+        f"torch threads {torch.get_num_threads()}"
+    )
     print(f"(a)  engine           {result['engine_tok_per_cpu_s']:8.1f} tok/CPU-s")
     print(f"(b)  plain batched    {result['upper_tok_per_cpu_s']:8.1f} tok/CPU-s")
-    print(f"(b') backend, bare    {result['upper_cb_tok_per_cpu_s']:8.1f} tok/CPU-s"
-          f"  (same tokens as the engine: {same_tokens})")
+    print(
+        f"(b') backend, bare    {result['upper_cb_tok_per_cpu_s']:8.1f} tok/CPU-s"
+        f"  (same tokens as the engine: {same_tokens})"
+    )
     print(f"(c)  per-episode loop {result['loop_tok_per_cpu_s']:8.1f} tok/CPU-s")
-    for name, key, target in (("engine / plain batched", "engine_vs_upper", ">= 0.85"),
-                              ("engine / backend bare", "engine_vs_upper_cb", ""),
-                              ("engine / per-episode loop", "engine_vs_loop", ">= 4")):
+    for name, key, target in (
+        ("engine / plain batched", "engine_vs_upper", ">= 0.85"),
+        ("engine / backend bare", "engine_vs_upper_cb", ""),
+        ("engine / per-episode loop", "engine_vs_loop", ">= 4"),
+    ):
         r = result[f"{key}_range"]
-        print(f"{name:26} = {result[key]:.2f}  (min {r['min']:.2f}, max {r['max']:.2f})"
-              + (f"  target {target}" if target else ""))
-    print(f"decode-slot use {result['decode_slot_use']:.0%} (target >= 70%; with the tail of "
-          f"each call, when the batch drains: {result['decode_fill']:.0%}); "
-          f"CPU share of tools {result['tool_share']:.0%}, of the harness host "
-          f"{result['host_share']:.0%}")
+        print(
+            f"{name:26} = {result[key]:.2f}  (min {r['min']:.2f}, max {r['max']:.2f})"
+            + (f"  target {target}" if target else "")
+        )
+    print(
+        f"decode-slot use {result['decode_slot_use']:.0%} (target >= 70%; with the tail of "
+        f"each call, when the batch drains: {result['decode_fill']:.0%}); "
+        f"CPU share of tools {result['tool_share']:.0%}, of the harness host "
+        f"{result['host_share']:.0%}; prompt tokens from rows kept between turns "
+        f"{result['prefix_reused_share']:.0%}"
+    )
 
 
 if __name__ == "__main__":

@@ -34,6 +34,10 @@ from whale_lab.backends.base import (
     cut_at_stop,
 )
 from whale_lab.backends.hf_batching import DecodeStats
+from whale_lab.backends.hf_prefix_cache import PrefixCache
+
+# Memory for the keys/values kept between turns (the micro model's 128 chess episodes need ~300).
+PREFIX_CACHE_MB = 1024
 
 if TYPE_CHECKING:
     from whale_lab.config import Config
@@ -55,11 +59,16 @@ class HFBackend:
         continuous: bool = True,
         refill: int | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        prefix_cache_mb: int = PREFIX_CACHE_MB,
     ) -> None:
         if batch_size < 1:
             raise BackendError(f"batch_size must be >= 1, got {batch_size}")
         if refill is not None and refill < 1:
             raise BackendError(f"refill must be >= 1, got {refill}")
+        if prefix_cache_mb < 0:
+            raise BackendError(
+                f"prefix_cache_mb must be >= 0 (0 turns it off), got {prefix_cache_mb}"
+            )
         if max_context_tokens < 2:
             raise BackendError(f"max_context_tokens must be >= 2, got {max_context_tokens}")
         if getattr(tokenizer, "chat_template", None) is None:
@@ -76,6 +85,8 @@ class HFBackend:
         # while leaving ~5% of slots empty. 1 refills at every step.
         self.refill = refill
         self.decode_stats = DecodeStats()
+        # Finished rows' keys/values, so an episode's next turn prefills only its new tokens.
+        self.prefix_cache = PrefixCache(prefix_cache_mb * 2**20)
         # Template variables (sampling.chat_template_kwargs, e.g. enable_thinking) in every render.
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         if device is not None:
@@ -85,6 +96,7 @@ class HFBackend:
     def from_config(cls, cfg: Config, model: Any = None, tokenizer: Any = None) -> HFBackend:
         """Load `cfg.model.path` (or wrap the given model/tokenizer) with the config's batch sizes."""
         from whale_lab.devices import with_device  # model.device checked before a long load
+
         cfg = with_device(cfg)
         given = model is not None
         if model is None:
@@ -213,6 +225,9 @@ class HFBackend:
             for i in todo
         ]
         width = min(self.batch_size, len(requests))
+        kept = self.prefix_cache if self.prefix_cache.enabled else None
+        if kept is not None:
+            kept.validate(self.model)
         try:
             generate_refill(
                 self.model,
@@ -225,6 +240,7 @@ class HFBackend:
                 want_logprobs=params.logprobs,
                 refill=self.refill if self.refill is not None else max(1, width // 4),
                 stats=self.decode_stats,
+                kept=kept,
             )
         except getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError) as exc:
             longest = max(len(r.prompt) for r in requests)
@@ -235,7 +251,11 @@ class HFBackend:
         eos_set = set(eos_ids)
         return [
             self._finish(
-                r.prompt, r.tokens, r.budget, eos_set, params.stop,
+                r.prompt,
+                r.tokens,
+                r.budget,
+                eos_set,
+                params.stop,
                 r.logprobs if params.logprobs else None,
             )
             for r in requests
@@ -254,7 +274,9 @@ class HFBackend:
             decode = self.tokenizer.decode
             if not cut_at_stop(decode(toks[-window:], skip_special_tokens=True), stop)[1]:
                 return False
-            return len(toks) <= window or cut_at_stop(decode(toks, skip_special_tokens=True), stop)[1]
+            return (
+                len(toks) <= window or cut_at_stop(decode(toks, skip_special_tokens=True), stop)[1]
+            )
 
         return stopped
 

@@ -20,8 +20,10 @@ left-padded to a common length, with a 2-D attention mask saying which columns a
   that prefix's cache. Rows go through the model in buckets of similar length, so little of a
   prefill forward is padding. The new rows and the running ones are then copied, left-padded to a
   common length, into one cache.
-- The cache layers (`SlabLayer`) keep spare columns after the used ones, so a decode step writes
-  its new keys/values in place; a plain `DynamicLayer` copies the whole cache at every step.
+- The cache layers (`hf_slab.SlabLayer`) keep spare columns after the used ones, so a decode step
+  writes its new keys/values in place; a plain `DynamicLayer` copies the whole cache at every step.
+- With a `PrefixCache` (`hf_prefix_cache`), every row that ends is kept there, and a newcomer whose
+  prompt extends a kept row (the same episode a turn later) computes only its new tokens.
 Positions are per row (padding takes none), as `model.generate` computes them from the mask, so a
 row computes what the same prompt computes alone, up to float rounding from padding and prefix
 reuse (~1e-6 on the logits; `model.generate`'s own left padding does the same): greedy output
@@ -45,6 +47,14 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from whale_lab.backends.hf_prefix_cache import (
+    PrefixCache,
+    cache_from_kept,
+    common_prefix,
+    keep_ended,
+)
+from whale_lab.backends.hf_slab import drop_rows, first_used, slab_cache
 
 # Generation-config fields that would add logits processors in `model.generate`, with the value
 # that adds none. A model whose own generation config sets any of them keeps the padded path.
@@ -213,12 +223,14 @@ def generate_refill(
     want_logprobs: bool = False,
     refill: int = 1,
     stats: DecodeStats | None = None,
+    kept: PrefixCache | None = None,
 ) -> None:
     """Decode every request to its end with at most `width` rows in flight; fills them in place.
 
     The caller holds eval + inference mode. `stopped(tokens)` says whether a row's completion now
     contains a stop string; a row ends at EOS (the EOS id is kept in `tokens`, as `model.generate`
-    keeps it), at its stop string or at its budget.
+    keeps it), at its stop string or at its budget. With `kept`, prompts start from the longest
+    prefix they share with a row kept there, and every row that ends is kept.
     """
     import torch
 
@@ -226,8 +238,9 @@ def generate_refill(
     device = _device(model)
     width = max(1, min(width, len(requests)))
     refill = max(1, min(refill, width))
-    waiting = deque(sorted(range(len(requests)), key=lambda i: (-len(requests[i].prompt),
-                                                                requests[i].prompt)))
+    waiting = deque(
+        sorted(range(len(requests)), key=lambda i: (-len(requests[i].prompt), requests[i].prompt))
+    )
     batch: list[int] = []  # request index of each cache row
     cache: Any = None
     mask: Any = None  # (rows, cache length) 1 where the column is real
@@ -257,23 +270,26 @@ def generate_refill(
         # Join while slots are free (again, if a newcomer ended at its first token).
         while waiting and (free := width - len(batch)) > 0 and (not batch or free >= refill):
             new = [waiting.popleft() for _ in range(min(free, len(waiting)))]
-            new_kvs, new_mask, logits = _prefill(
-                model, [requests[i].prompt for i in new], pad_id, device
+            pieces, logits = _prefill(
+                model, [requests[i].prompt for i in new], pad_id, device, kept
             )
             stats.prefills += 1
             toks, ended = take(new, logits)
             new_pos = torch.tensor([len(requests[i].prompt) for i in new], device=device)
-            parts = [(new_kvs, new_mask)]
-            if batch:
-                parts.insert(0, (_kvs(cache), mask))
+            if batch:  # the running rows first, the newcomers after them
+                pieces = [(_kvs(cache), mask, [[j] for j in range(len(batch))])] + [
+                    (kv, m, [[len(batch) + d for d in ds] for ds in dests])
+                    for kv, m, dests in pieces
+                ]
                 last, pos = torch.cat([last, toks]), torch.cat([pos, new_pos])
             else:
                 last, pos = toks, new_pos
             batch += new
             room = max(requests[i].budget - len(requests[i].tokens) for i in batch)
-            cache, mask = _slab_cache(model, parts, room)
+            cache, mask = slab_cache(model, pieces, room, len(batch))
             done = [False] * (len(batch) - len(new)) + ended
-            cache, mask, last, pos, batch = _drop(cache, mask, last, pos, batch, done)
+            _keep(kept, cache, mask, batch, done, requests)
+            cache, mask, last, pos, batch = drop_rows(cache, mask, last, pos, batch, done)
         if not batch:
             continue  # the last prompts all ended at their first token
         mask = torch.cat([mask, mask.new_ones((len(batch), 1))], dim=1)
@@ -292,7 +308,27 @@ def generate_refill(
         stats.tokens += len(batch)
         last, ended = take(batch, logits)
         pos = pos + 1
-        cache, mask, last, pos, batch = _drop(cache, mask, last, pos, batch, ended)
+        _keep(kept, cache, mask, batch, ended, requests)
+        cache, mask, last, pos, batch = drop_rows(cache, mask, last, pos, batch, ended)
+
+
+def _keep(
+    kept: PrefixCache | None,
+    cache: Any,
+    mask: Any,
+    batch: list[int],
+    done: Sequence[bool],
+    requests: Sequence[Request],
+) -> None:
+    """Keep the rows that ended: their cache holds the prompt and every token but the last."""
+    if kept is None or not any(done):
+        return
+    rows = [
+        (j, requests[i].prompt + requests[i].tokens[:-1])
+        for j, (i, d) in enumerate(zip(batch, done, strict=True))
+        if d
+    ]
+    keep_ended(kept, cache.layers, mask, rows)
 
 
 def _device(model: Any) -> Any:
@@ -304,23 +340,51 @@ def _device(model: Any) -> Any:
         return torch.device("cpu")
 
 
-def _prefill(model: Any, prompts: list[list[int]], pad_id: int, device: Any) -> tuple[Any, Any, Any]:
-    """The newcomers' prompts through the model: (per-layer keys/values, mask, float32 logits).
+def _prefill(
+    model: Any, prompts: list[list[int]], pad_id: int, device: Any, kept: PrefixCache | None = None
+) -> tuple[list[tuple[list[tuple[Any, Any]], Any, list[list[int]]]], Any]:
+    """The newcomers' prompts through the model: pieces (per-layer keys/values, mask, and for each
+    of its rows the newcomers it is the cache of), and each newcomer's float32 logits.
 
-    Identical prompts are computed once; prompts that share a long prefix (the k samples of one
-    task, a few turns in) compute it once too, then their own suffixes on a copy of its cache.
-    Rows go through the model in buckets of similar length, so little of a forward is padding.
+    Identical prompts are computed once. A prompt that extends a row kept in `kept` (the same
+    episode a turn later) computes only its new tokens, on a copy of that row's cache; prompts
+    that share a long prefix among themselves (the k samples of one task) compute it once, then
+    their own suffixes on a copy of its cache. Rows go through the model in buckets of similar
+    length, so little of a forward is padding.
     """
     import torch
 
     unique: dict[tuple[int, ...], int] = {}
     row_of = [unique.setdefault(tuple(p), len(unique)) for p in prompts]
     firsts = [list(p) for p in unique]
-    groups = _share_groups(firsts)
-    grouped = {i for _, members in groups for i in members}
     parts: list[tuple[Any, Any, Any]] = []  # (cache, mask, logits) of `order`'s rows
     order: list[int] = []
-    singles = [i for i in range(len(firsts)) if i not in grouped]
+    hits = (
+        {}
+        if kept is None or not kept.enabled
+        else {i: hit for i, p in enumerate(firsts) if (hit := kept.match(p)) is not None}
+    )
+    if hits:
+        rows_hit = list(hits)
+        for rows in _buckets(rows_hit, [len(firsts[i]) - hits[i][1] for i in rows_hit]):
+            cache, mask = cache_from_kept(model, [hits[i] for i in rows])
+            cache, mask, logits = _forward(
+                model,
+                [firsts[i][hits[i][1] :] for i in rows],
+                pad_id,
+                device,
+                cache=cache,
+                past_mask=mask,
+                starts=[hits[i][1] for i in rows],
+            )
+            parts.append((_kvs(cache), mask, logits))
+            order += rows
+    rest = [i for i in range(len(firsts)) if i not in hits]
+    groups = [
+        (n, [rest[j] for j in members]) for n, members in _share_groups([firsts[i] for i in rest])
+    ]
+    grouped = {i for _, members in groups for i in members}
+    singles = [i for i in rest if i not in grouped]
     for rows in _buckets(singles, [len(firsts[i]) for i in singles]):
         cache, mask, logits = _forward(model, [firsts[i] for i in rows], pad_id, device)
         parts.append((_kvs(cache), mask, logits))
@@ -353,15 +417,18 @@ def _prefill(model: Any, prompts: list[list[int]], pad_id: int, device: Any) -> 
             )
             parts.append((_kvs(cache), mask, logits))
             order += rows
-    kvs, mask = _concat([(kv, m) for kv, m, _ in parts])
-    logits = torch.cat([lg for _, _, lg in parts])
+    # Duplicates are not copied here: the decode cache is written from the pieces directly.
+    dests: list[list[int]] = [[] for _ in order]
     where = {u: j for j, u in enumerate(order)}
-    pick = [where[u] for u in row_of]
-    if pick != list(range(len(order))):  # back to the newcomers' order, duplicates copied
-        idx = torch.tensor(pick, device=device)
-        kvs = [(k[idx], v[idx]) for k, v in kvs]
-        mask, logits = mask[idx], logits[idx]
-    return kvs, mask, logits
+    for newcomer, u in enumerate(row_of):
+        dests[where[u]].append(newcomer)
+    logits = torch.cat([lg for _, _, lg in parts])
+    logits = logits[torch.tensor([where[u] for u in row_of], device=logits.device)]
+    pieces, at = [], 0
+    for kv, m, _ in parts:
+        pieces.append((kv, m, dests[at : at + m.shape[0]]))
+        at += m.shape[0]
+    return pieces, logits
 
 
 # A common prefix shorter than this is computed per row: a second forward would cost more.
@@ -384,7 +451,9 @@ def _share_groups(prompts: list[list[int]]) -> list[tuple[int, list[int]]]:
     shared = 0
     for i in order:
         if members:
-            common = min(shared, _common(prompts[members[-1]], prompts[i]), len(prompts[i]) - 1)
+            common = min(
+                shared, common_prefix(prompts[members[-1]], prompts[i]), len(prompts[i]) - 1
+            )
             if common >= MIN_SHARED_PREFIX and len(members) * (shared - common) < common:
                 members.append(i)
                 shared = common
@@ -395,15 +464,6 @@ def _share_groups(prompts: list[list[int]]) -> list[tuple[int, list[int]]]:
     if len(members) > 1:
         groups.append((shared, members))
     return groups
-
-
-def _common(a: list[int], b: list[int]) -> int:
-    """Length of the common prefix of two token lists."""
-    n = min(len(a), len(b))
-    for j in range(n):
-        if a[j] != b[j]:
-            return j
-    return n
 
 
 def _buckets(items: list[int], lengths: list[int]) -> list[list[int]]:
@@ -484,7 +544,9 @@ def _kvs(cache: Any) -> list[tuple[Any, Any]]:
     return [(layer.keys, layer.values) for layer in cache.layers]
 
 
-def _concat(parts: Sequence[tuple[list[tuple[Any, Any]], Any]]) -> tuple[list[tuple[Any, Any]], Any]:
+def _concat(
+    parts: Sequence[tuple[list[tuple[Any, Any]], Any]],
+) -> tuple[list[tuple[Any, Any]], Any]:
     """The rows of several (keys/values, mask) pairs as one, left-padded to the longest."""
     import torch
 
@@ -501,134 +563,15 @@ def _concat(parts: Sequence[tuple[list[tuple[Any, Any]], Any]]) -> tuple[list[tu
     return kvs, torch.cat([_left_pad(m, length) for _, m in parts])
 
 
-def _take(
-    model: Any, kvs: list[tuple[Any, Any]], mask: Any, rows: list[int]
-) -> tuple[Any, Any]:
+def _take(model: Any, kvs: list[tuple[Any, Any]], mask: Any, rows: list[int]) -> tuple[Any, Any]:
     """A new cache holding copies of `rows`, unused leading columns trimmed."""
     import torch
     from transformers import DynamicCache
 
     idx = torch.tensor(rows, device=mask.device)
     mask = mask[idx]
-    first = _first_used(mask)
+    first = first_used(mask)
     out = DynamicCache(config=model.config)
     for layer, (k, v) in zip(out.layers, kvs, strict=True):
         layer.update(k[idx][..., first:, :], v[idx][..., first:, :])
     return out, mask[:, first:]
-
-
-def _first_used(mask: Any) -> int:
-    """The first column any row uses."""
-    import torch
-
-    used = torch.nonzero(mask.any(dim=0))
-    return int(used[0, 0]) if len(used) else 0
-
-
-# Spare columns a decode cache keeps for the next steps: appending writes in place instead of
-# copying the whole cache at every step (which `DynamicLayer` does); it grows by this much.
-SLAB_ROOM = 256
-_SLAB: Any = None
-
-
-def _slab_cache(
-    model: Any, parts: Sequence[tuple[list[tuple[Any, Any]], Any]], room: int
-) -> tuple[Any, Any]:
-    """One `DynamicCache` over the rows of `parts`, left-padded to the longest, whose layers
-    append in place into `room` spare columns; and its mask. Each part is copied once."""
-    import torch
-    from transformers import DynamicCache
-
-    room = max(1, min(room, SLAB_ROOM))
-    length = max(m.shape[-1] for _, m in parts)
-    rows = sum(m.shape[0] for _, m in parts)
-    cache = DynamicCache(config=model.config)
-    slab = _slab_layer()
-    layers = []
-    for j in range(len(parts[0][0])):
-        bufs = []
-        for which in (0, 1):
-            first = parts[0][0][j][which]
-            buf = first.new_zeros((rows, first.shape[1], length + room, first.shape[-1]))
-            at = 0
-            for kv, _ in parts:
-                x = kv[j][which]
-                buf[at : at + x.shape[0], :, length - x.shape[-2] : length] = x
-                at += x.shape[0]
-            bufs.append(buf)
-        layers.append(slab(bufs[0], bufs[1], length))
-    cache.layers = layers
-    return cache, torch.cat([_left_pad(m, length) for _, m in parts])
-
-
-def _slab_layer() -> Any:
-    """The in-place layer class (defined on first use: transformers loads only when generating)."""
-    global _SLAB
-    if _SLAB is not None:
-        return _SLAB
-    from transformers.cache_utils import DynamicLayer
-
-    class SlabLayer(DynamicLayer):  # type: ignore[misc]
-        """A `DynamicLayer` whose keys/values are views of a buffer with spare columns."""
-
-        def __init__(self, buf_k: Any, buf_v: Any, used: int) -> None:
-            super().__init__()
-            self.lazy_initialization(buf_k, buf_v)
-            self.buf_k, self.buf_v, self.used = buf_k, buf_v, used
-            self._view()
-
-        def _grow(self, room: int) -> None:
-            rows, heads, _, dim = self.buf_k.shape
-            k = self.buf_k.new_zeros((rows, heads, self.used + room, dim))
-            v = self.buf_v.new_zeros((rows, self.buf_v.shape[1], self.used + room, self.buf_v.shape[-1]))
-            k[:, :, : self.used] = self.keys
-            v[:, :, : self.used] = self.values
-            self.buf_k, self.buf_v = k, v
-
-        def _view(self) -> None:
-            self.keys = self.buf_k[:, :, : self.used]
-            self.values = self.buf_v[:, :, : self.used]
-
-        def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> Any:
-            n = key_states.shape[-2]
-            if self.used + n > self.buf_k.shape[-2]:
-                self._grow(max(n, SLAB_ROOM))
-            self.buf_k[:, :, self.used : self.used + n] = key_states
-            self.buf_v[:, :, self.used : self.used + n] = value_states
-            self.used += n
-            self._view()
-            return self.keys, self.values
-
-        def batch_select_indices(self, indices: Any) -> None:
-            self.buf_k, self.buf_v = self.buf_k[indices], self.buf_v[indices]
-            self._view()
-
-        def trim_left(self, first: int) -> None:
-            self.buf_k, self.buf_v = self.buf_k[:, :, first:], self.buf_v[:, :, first:]
-            self.used -= first
-            self._view()
-
-    _SLAB = SlabLayer
-    return _SLAB
-
-
-def _drop(
-    cache: Any, mask: Any, last: Any, pos: Any, batch: list[int], done: Sequence[bool]
-) -> tuple[Any, Any, Any, Any, list[int]]:
-    """Remove the rows that ended, and the leading columns no remaining row uses."""
-    import torch
-
-    if not any(done):
-        return cache, mask, last, pos, batch
-    keep = [j for j, d in enumerate(done) if not d]
-    if not keep:
-        return None, None, None, None, []
-    idx = torch.tensor(keep, device=mask.device)
-    cache.batch_select_indices(idx)
-    mask, last, pos = mask[idx], last[idx], pos[idx]
-    first = _first_used(mask)
-    if first > 0:
-        for layer in cache.layers:
-            layer.trim_left(first)
-        mask = mask[:, first:]
-    return cache, mask, last, pos, [batch[j] for j in keep]
