@@ -276,6 +276,31 @@ class CommandReceived(Event):
 
 
 @dataclass(frozen=True)
+class SteerNoted(Event):
+    """A reviewer's request in words for the next proposer session (its one record)."""
+
+    type: ClassVar[str] = "steer_noted"
+    note_id: str
+    text: str
+    by: str = "user"
+
+
+@dataclass(frozen=True)
+class SteerDelivered(Event):
+    """A steer note reached a proposer session; `applied` is False where the proposer cannot
+    read words (the rules catalogue), and `detail` says why."""
+
+    type: ClassVar[str] = "steer_delivered"
+    note_id: str
+    cycle: int
+    iteration: int
+    proposer: str
+    applied: bool
+    detail: str = ""
+    archive: str = ""  # the phase archive, relative to the run folder
+
+
+@dataclass(frozen=True)
 class ProbeResult(Event):
     type: ClassVar[str] = "probe_result"
     harness_gain_per_1k: float

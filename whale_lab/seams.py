@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-CommandKind = Literal["pause", "resume", "switch", "probe", "stop"]
+CommandKind = Literal["pause", "resume", "switch", "probe", "stop", "steer"]
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Commands handled at safe points: pause, resume, switch, probe, stop.
+"""Commands handled at safe points: pause, resume, switch, probe, stop; and steer notes.
 
 A front end puts `Command`s on the channel; the engine drains it only at safe points (between
 episodes, steps, iterations and phases), so a command never tears a step in half. Which commands
@@ -12,10 +12,12 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from whale_lab.events import CommandReceived, Event, Log
+from whale_lab.events import CommandReceived, Event, Log, SteerNoted
 from whale_lab.seams import Command, CommandChannel
 
 COMMANDS = ("pause", "resume", "switch", "probe", "stop")
+#: Not phase control: a steer note is recorded (`SteerNoted`) for the next proposer session.
+NOTE_COMMANDS = ("steer",)
 LIVE_STATES = ("starting", "running", "paused", "probing")
 
 
@@ -111,6 +113,9 @@ class SafePoints:
 
     def accept(self, cmd: Command) -> None:
         kind = cmd.kind
+        if kind == "steer":
+            self._steer(cmd)
+            return
         if kind not in COMMANDS:
             self._log(f"unknown command {kind!r} from {cmd.by} ignored", "warning")
             return
@@ -148,6 +153,18 @@ class SafePoints:
                 return
             self.probe_request = cmd
         self.emit(CommandReceived(command=kind, by=cmd.by, reason=cmd.reason))
+
+    def _steer(self, cmd: Command) -> None:
+        from whale_lab.search.steering import check_note, new_note_id
+
+        try:
+            text = check_note(str(cmd.args.get("text", "")))
+        except ValueError as exc:
+            self._log(f"steer note from {cmd.by} ignored: {exc}", "warning")
+            return
+        note_id = str(cmd.args.get("note_id") or new_note_id())
+        self.emit(SteerNoted(note_id=note_id, text=text, by=cmd.by))
+        self._log(f"steer note {note_id} from {cmd.by}: the next proposer session gets it")
 
     def take_switch(self) -> Command | None:
         cmd, self.switch = self.switch, None

@@ -69,6 +69,8 @@ One folder per candidate under `candidates/<id>/`:
 `summary.md` / `summary.json` list every candidate in one row; `frontier.json` holds success rate vs
 tokens per rollout and the Pareto-optimal candidates. Trace ids are written `<candidate>/<task>#<sample>`.
 `proposer_sessions/iteration-NNN.json` holds each proposer session's transcript, candidates or not.
+`steer.json` holds the reviewers' steer notes each session was given, whether the proposer could
+follow them, and the candidates that session wrote with their status and score.
 """
 
 
@@ -229,6 +231,44 @@ class PhaseArchive:
         )
         return cid
 
+    @property
+    def steer_path(self) -> Path:
+        return self.root / "steer.json"
+
+    def record_steer(self, iteration: int, notes: list[dict[str, Any]]) -> None:
+        """Keep the steer notes one proposer session was given (keyed by note id)."""
+        data = read_json(self.steer_path, {}) or {}
+        kept = data.get("notes") if isinstance(data.get("notes"), dict) else {}
+        for note in notes:
+            kept[str(note["note_id"])] = {**note, "iteration": int(iteration), "ts": time.time()}
+        atomic_write_json(self.steer_path, {"notes": kept})
+        self._refresh_steer()
+
+    @staticmethod
+    def read_steer_file(path: Path) -> dict[str, dict[str, Any]]:
+        data = read_json(path, {}) or {}
+        notes = data.get("notes") if isinstance(data, dict) else None
+        return {str(k): v for k, v in notes.items() if isinstance(v, dict)} if notes else {}
+
+    def steer_notes(self) -> list[dict[str, Any]]:
+        """Each delivered note with its outcome: the candidates its session wrote, their scores."""
+        notes = self.read_steer_file(self.steer_path)
+        by_iteration: dict[int, list[dict[str, Any]]] = {}
+        for r in self.records():
+            if r.proposer != INCOMING:
+                by_iteration.setdefault(r.iteration, []).append(
+                    {"id": r.id, "status": r.status, "success_rate": r.success_rate}
+                )
+        return [
+            {**n, "candidates": by_iteration.get(int(n.get("iteration", 0)), [])}
+            for n in sorted(notes.values(), key=lambda n: (n.get("iteration", 0), n.get("ts", 0)))
+        ]
+
+    def _refresh_steer(self) -> None:
+        if self.steer_path.exists():
+            notes = {n["note_id"]: n for n in self.steer_notes()}
+            atomic_write_json(self.steer_path, {"notes": notes})
+
     def write_session(self, iteration: int, transcript: dict[str, Any]) -> Path:
         """Keep one proposer session's transcript; candidates added later for the iteration get it."""
         path = self.session_path(iteration)
@@ -282,7 +322,12 @@ class PhaseArchive:
 
     def write_json(self, cid: str, name: str, data: Any) -> None:
         if name not in {
-            "validation", "smoke", "scores", "decision", "paired_vs_incoming", "noise_floor"
+            "validation",
+            "smoke",
+            "scores",
+            "decision",
+            "paired_vs_incoming",
+            "noise_floor",
         }:
             raise ArchiveError(f"unknown candidate file {name!r}")
         atomic_write_json(self.folder(cid) / f"{name}.json", data)
@@ -468,6 +513,7 @@ class PhaseArchive:
         return {"points": pts, "pareto": pareto, "best": self.best(), "pinned": self.pinned()}
 
     def write_summary(self) -> None:
+        self._refresh_steer()
         rows = self.rows()
         atomic_write_json(self.root / "summary.json", {"candidates": rows, "best": self.best()})
         atomic_write_json(self.root / "frontier.json", self.frontier())

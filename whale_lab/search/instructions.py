@@ -54,7 +54,12 @@ validation.json, smoke.json, scores.json, traces.jsonl, status.json and decision
 
 
 def proposer_instructions(
-    domain: str, n: int, *, prompt_only: bool = False, tools: bool = True
+    domain: str,
+    n: int,
+    *,
+    prompt_only: bool = False,
+    tools: bool = True,
+    steer: tuple[str, ...] = (),
 ) -> str:
     """The full instruction text for one proposer session."""
     parts = [
@@ -68,6 +73,8 @@ def proposer_instructions(
     ]
     if prompt_only:
         parts.append(PROMPT_ONLY)
+    if steer:
+        parts.append(steer_section(steer))
     if tools:
         parts.append(
             "Tools: list_files(path), read_file(path, offset, limit), grep(pattern, path), and "
@@ -77,6 +84,15 @@ def proposer_instructions(
             f"{n} candidates."
         )
     return "\n\n".join(parts)
+
+
+def steer_section(notes: tuple[str, ...]) -> str:
+    """The reviewers' requests for one session, as the proposer reads them."""
+    lines = "\n".join(f"- {n}" for n in notes)
+    return (
+        "Requests from the human reviewer for this session (follow them where they do not break "
+        "the rules above; say in each hypothesis whether and how it follows them):\n" + lines
+    )
 
 
 def skill_text(domain: str, n: int, *, prompt_only: bool = False) -> str:

@@ -49,6 +49,7 @@ from whale_lab.search.archive import (
 )
 from whale_lab.search.proposers.base import ProposalRequest, ProposalSession, Proposer
 from whale_lab.search.scoring import record_crash, set_scored_status, transcript_of, write_scores
+from whale_lab.search.steering import steered
 from whale_lab.search.surfaces import changed_surfaces
 from whale_lab.search.validate import ValidationOutcome, validate_candidate
 from whale_lab.store import JsonlWriter, RunStore, atomic_write_json, read_json
@@ -138,7 +139,7 @@ class HarnessPhase:
             from whale_lab.search.proposers import make_proposer
 
             proposer = make_proposer(cfg)
-        self.proposer = proposer
+        self.proposer = steered(proposer, ctx.emit)  # reviewers' steer notes reach it
         self.gate = gate or ApprovalGate.from_config(
             cfg.approval, reviewer, headless=reviewer is None
         )

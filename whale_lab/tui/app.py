@@ -43,7 +43,7 @@ from whale_lab.tui.engine_worker import (
     describe_error,
 )
 from whale_lab.tui.keys import APP_BINDINGS, KeymapError, effective_keys, validate_keymap
-from whale_lab.tui.review_actions import ReviewActions
+from whale_lab.tui.review_actions import PACK_ACTIONS, ReviewActions
 from whale_lab.tui.review_queue import ReviewQueue
 from whale_lab.tui.screens import ConfirmScreen, HelpScreen, TraceScreen
 from whale_lab.tui.state import (
@@ -74,7 +74,7 @@ __all__ = [
 ]
 
 TABS = ("rollouts", "accuracy", "review", "control", "log")
-REVIEW_ACTIONS = ("approve", "reject", "edit", "pin")
+REVIEW_ACTIONS = ("approve", "reject", "edit", "pin", *PACK_ACTIONS)
 ROLLOUT_ACTIONS = ("filter", "open_trace")
 MAX_EVENTS_PER_FLUSH = 20_000
 OUTPUT_LOG = "tui-output.log"  # what libraries write to the terminal, in the run folder
@@ -233,6 +233,7 @@ class WhaleLabApp(ControlActions, ReviewActions, EngineWorker, App[int]):
                 )
             changed |= {"reviews", "status", "control"}
         self.reviews.observe(batch)
+        self.observe_steer(batch)
         self._control_events(batch)
         now = time.monotonic()
         if now - self._last_status >= 1.0:
@@ -334,7 +335,7 @@ class WhaleLabApp(ControlActions, ReviewActions, EngineWorker, App[int]):
         if name in CONTROL_ACTIONS:
             return name in self.applicable_controls()
         if name in REVIEW_ACTIONS:
-            return self.review_applies()
+            return self.review_applies(name)
         if name == "open_trace":
             try:
                 row = self._q(RolloutsPanel).selected_row()
@@ -424,7 +425,7 @@ class WhaleLabApp(ControlActions, ReviewActions, EngineWorker, App[int]):
 
     def _why_not(self, action: str) -> str:
         if action in REVIEW_ACTIONS:
-            return "no candidate is waiting for a decision"
+            return self.review_refusal(action)
         if action == "open_trace":
             return "no episode with a trace is selected"
         return refusal_reason(action, self.control_inputs())

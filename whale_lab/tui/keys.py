@@ -42,6 +42,8 @@ APP_BINDINGS: list[Binding] = [
     Binding("r", "reject", "Reject", id="review.reject"),
     Binding("e", "edit", "Edit+approve", id="review.edit"),
     Binding("P", "pin", "Pin", id="review.pin"),
+    Binding("t", "transcript", "Transcript", id="review.transcript"),
+    Binding("n", "steer", "Steer note", id="review.steer"),
     # rollouts: on the Rollouts tab
     Binding("f", "filter(1)", "Filter", id="rollouts.filter"),
     Binding("F", "filter(-1)", "Filter back", show=False, id="rollouts.filter_back"),

@@ -32,6 +32,8 @@ from whale_lab.events import (
     ReviewRequested,
     RunFinished,
     RunStarted,
+    SteerDelivered,
+    SteerNoted,
     WeightStep,
     event_from_dict,
 )
@@ -151,6 +153,20 @@ class ReviewEntry:
 
 
 @dataclass
+class SteerEntry:
+    """A steer note and where it went: "noted" until a proposer session takes it."""
+
+    note_id: str
+    text: str
+    by: str = ""
+    status: str = "noted"  # "noted" | "applied" | "not applicable"
+    cycle: int = 0
+    iteration: int = 0
+    proposer: str = ""
+    detail: str = ""
+
+
+@dataclass
 class CandidateInfo:
     candidate_id: str
     cycle: int
@@ -232,6 +248,7 @@ class RunView:
     last_checkpoint: str = ""
     candidates: dict[str, CandidateInfo] = field(default_factory=dict)
     reviews: dict[str, ReviewEntry] = field(default_factory=dict)
+    steer_notes: dict[str, SteerEntry] = field(default_factory=dict)
     logs: deque[LogLine] = field(default_factory=lambda: deque(maxlen=MAX_LOGS))
     log_count: int = 0
     event_count: int = 0
@@ -535,6 +552,24 @@ class RunView:
         self._log(ev.ts, "info", f"command {ev.command} by {ev.by}{why}")
         return {"status", "control", "log"}
 
+    def _steer_noted(self, ev: SteerNoted) -> set[str]:
+        self.steer_notes[ev.note_id] = SteerEntry(ev.note_id, ev.text, ev.by)
+        self._log(ev.ts, "info", f"steer note {ev.note_id} by {ev.by}: {ev.text}")
+        return {"reviews", "log"}
+
+    def _steer_delivered(self, ev: SteerDelivered) -> set[str]:
+        entry = self.steer_notes.setdefault(ev.note_id, SteerEntry(ev.note_id, ""))
+        entry.status = "applied" if ev.applied else "not applicable"
+        entry.cycle, entry.iteration, entry.proposer = ev.cycle, ev.iteration, ev.proposer
+        entry.detail = ev.detail
+        self._log(
+            ev.ts,
+            "info",
+            f"steer note {ev.note_id} -> cycle {ev.cycle} iteration {ev.iteration} "
+            f"({ev.proposer}): {ev.detail}",
+        )
+        return {"reviews", "log"}
+
     def _probe(self, ev: ProbeResult) -> set[str]:
         self.probes.append(ev)
         self.probe_running = False
@@ -569,6 +604,8 @@ _HANDLERS: dict[type, Any] = {
     ProposerUsage: RunView._usage,
     CommandReceived: RunView._command,
     ProbeResult: RunView._probe,
+    SteerNoted: RunView._steer_noted,
+    SteerDelivered: RunView._steer_delivered,
     Log: RunView._logev,
 }
 

@@ -20,7 +20,8 @@ from textual.widgets import (
 from textual.widgets.option_list import Option
 from textual_plotext import PlotextPlot
 
-from whale_lab.tui import render
+from whale_lab.tui import pack_render, render
+from whale_lab.tui.review_pack import PairedTask, ReviewPack
 from whale_lab.tui.state import EpisodeRow, ReviewEntry, RunView, filter_label, matches_filter
 
 MAX_TABLE_ROWS = 1_000
@@ -212,7 +213,14 @@ class AccuracyPanel(Vertical):
 
 
 class ReviewPanel(Vertical):
-    """Candidates awaiting a decision (first) and recent decisions, with the selected diff."""
+    """Candidates awaiting a decision (first) and recent decisions; for the selected one its
+    review pack (paired fixes and breaks against the incoming harness, noise floor, smoke, what
+    the proposer read) and its diff. Enter on a paired task opens both traces side by side."""
+
+    DEFAULT_CSS = """
+    ReviewPanel #review-pack { height: auto; }
+    ReviewPanel #review-pairs { height: auto; max-height: 8; margin: 0 0 1 0; }
+    """
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
@@ -220,11 +228,18 @@ class ReviewPanel(Vertical):
         self._signature: tuple[object, ...] = ()
         self._entries: list[ReviewEntry] = []
         self._live: set[str] = set()
+        self._pairs: list[PairedTask] = []
+        self._pairs_key: object = None
+        self.pack: ReviewPack | None = None
 
     def compose(self) -> ComposeResult:
         yield OptionList(id="review-list")
         with VerticalScroll(id="review-detail"):
             yield TextView(id="review-meta")
+            yield TextView(id="review-pack")
+            pairs: DataTable[Text] = DataTable(id="review-pairs", cursor_type="row")
+            pairs.add_columns(*pack_render.PAIR_COLUMNS)
+            yield pairs
             yield TextView(id="review-diff")
 
     def selected_id(self) -> str | None:
@@ -233,6 +248,15 @@ class ReviewPanel(Vertical):
         if idx is None or not (0 <= idx < len(self._ids)):
             return None
         return self._ids[idx]
+
+    def selected_entry(self) -> ReviewEntry | None:
+        cid = self.selected_id()
+        return next((e for e in self._entries if e.candidate_id == cid), None)
+
+    def selected_pair(self) -> PairedTask | None:
+        table = self.query_one("#review-pairs", DataTable)
+        idx = table.cursor_row
+        return self._pairs[idx] if self._pairs and 0 <= idx < len(self._pairs) else None
 
     def update_view(self, entries: list[ReviewEntry], live_ids: set[str]) -> None:
         """`entries`: pending first; `live_ids`: those an engine is waiting on right now."""
@@ -262,6 +286,11 @@ class ReviewPanel(Vertical):
         if self.is_mounted:
             self.show_selected(self._entries, self._live)
 
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        if event.data_table.id == "review-pairs":
+            event.stop()
+            self.app.call_later(self.app.run_action, "open_pair")
+
     def show_selected(self, entries: list[ReviewEntry], live_ids: set[str]) -> None:
         cid = self.selected_id()
         entry = next((e for e in entries if e.candidate_id == cid), None)
@@ -269,9 +298,12 @@ class ReviewPanel(Vertical):
         diff = self.query_one("#review-diff", TextView)
         if entry is None:
             meta.show(Text("No candidates to review.", style="dim"))
+            self._show_pack(None)
             diff.show(Text(""))
             return
         meta.show(render.review_meta(entry, live=entry.candidate_id in live_ids))
+        provider = getattr(self.app, "review_pack", None)
+        self._show_pack(provider(entry) if callable(provider) else None)
         if entry.diff.strip():
             diff.show(
                 Syntax(entry.diff, "diff", theme="ansi_dark", word_wrap=True),
@@ -279,6 +311,24 @@ class ReviewPanel(Vertical):
             )
         else:
             diff.show(Text("(no diff recorded)", style="dim"))
+
+    def _show_pack(self, pack: ReviewPack | None) -> None:
+        self.pack = pack
+        key_of = getattr(self.app, "binding_key", None)
+        key = key_of("review.transcript") if callable(key_of) else "t"
+        self.query_one("#review-pack", TextView).show(
+            pack_render.pack_text(pack, transcript_key=key) if pack is not None else Text("")
+        )
+        pairs = pack.changed if pack is not None else []
+        table = self.query_one("#review-pairs", DataTable)
+        table.display = bool(pairs)
+        signature = (pack.candidate_id if pack else "", tuple(pairs))
+        if signature == self._pairs_key:
+            return
+        self._pairs_key, self._pairs = signature, list(pairs)
+        table.clear()
+        for p in pairs:
+            table.add_row(*pack_render.pair_cells(p))
 
 
 CONTROL_BUTTONS = (

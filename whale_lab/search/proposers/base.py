@@ -24,6 +24,9 @@ class ProposalRequest:
     prompt_only: bool = False
     # The candidate proposers should build on by default (the phase's best so far).
     default_parent: str = ""
+    # Reviewers' requests in words for this session (`search/steering.py`); a proposer that
+    # follows them says so with `reads_steer = True`.
+    steer: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -336,6 +336,8 @@ class LLMProposer:
     """One agent session per iteration against `proposer.base_url` with `proposer.model`."""
 
     name = "llm"
+    reads_steer = True  # reviewers' steer notes go into the system message
+    steer_route = "in the system message of its session"
 
     def __init__(
         self,
@@ -400,7 +402,10 @@ class LLMProposer:
             {
                 "role": "system",
                 "content": proposer_instructions(
-                    request.domain, request.n, prompt_only=request.prompt_only
+                    request.domain,
+                    request.n,
+                    prompt_only=request.prompt_only,
+                    steer=request.steer,
                 ),
             },
             {

@@ -24,6 +24,7 @@ from whale_lab.search.proposers.base import (
     ProposerUsageRecord,
 )
 from whale_lab.search.surfaces import changed_surfaces
+from whale_lab.store import atomic_write_text
 
 _PARENT = re.compile(r"^#\s*parent\s*:\s*(c\d{3,})\s*$", re.MULTILINE | re.IGNORECASE)
 _HYPOTHESIS = re.compile(r"^#\s*hypothesis\s*:\s*(.+)$", re.MULTILINE | re.IGNORECASE)
@@ -38,6 +39,8 @@ class ManualProposer:
     """Reads `inbox/*.py`; with an editor configured and an empty inbox, opens the parent in it."""
 
     name = "manual"
+    reads_steer = True  # a human reads the notes beside the inbox
+    steer_route = "written to inbox/STEER.md for the person writing candidates"
 
     def __init__(self, editor: str | None = None, ask: Callable[[str], str] | None = None) -> None:
         # The editor command: explicit, else $VISUAL / $EDITOR; None disables editing.
@@ -52,6 +55,12 @@ class ManualProposer:
         t0 = time.monotonic()
         archive = request.archive
         archive.inbox.mkdir(parents=True, exist_ok=True)
+        if request.steer:
+            notes = "".join(f"- {n}\n" for n in request.steer)
+            atomic_write_text(
+                archive.inbox / "STEER.md",
+                f"# Requests from the reviewer (iteration {request.iteration})\n\n{notes}",
+            )
         out: list[ProposedCandidate] = []
         problems: list[str] = []
         for path in sorted(archive.inbox.glob("*.py"))[: request.n]:
