@@ -4,6 +4,8 @@ It loads a transformers model from a folder (its own copy, independent of any tr
 `POST /v1/chat/completions` with it, and implements `POST /v1/load_lora_adapter` /
 `/v1/unload_lora_adapter` the way vLLM does: the adapter folder is read from disk with peft and
 requests that name the adapter as their `model` generate with it. Every request is recorded.
+With `logprobs` (and `return_tokens_as_token_ids`) it returns each sampled token as vLLM does,
+`token_id:N` with the model's raw log-probability, so the served-policy check can measure it.
 
 Run it standalone: `python tests/adapter_server.py MODEL_FOLDER [PORT]`.
 """
@@ -111,6 +113,9 @@ class AdapterServer:
             )
         else:
             kwargs.update(do_sample=False)
+        want_lp = bool(body.get("logprobs"))
+        if want_lp:
+            kwargs.update(output_logits=True, return_dict_in_generate=True)
         with self._lock:
             self.record.chat_models.append(model_name)
             if model_name == self.served_name:
@@ -126,11 +131,30 @@ class AdapterServer:
                 if seed is not None:
                     torch.manual_seed(int(seed))
                 out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
-        new = out[0, ids.shape[1] :].tolist()
+        seq = out.sequences if want_lp else out
+        new = seq[0, ids.shape[1] :].tolist()
+        lps = (
+            [
+                float(torch.log_softmax(step[0].float(), dim=-1)[tok])
+                for step, tok in zip(out.logits, new, strict=False)
+            ]
+            if want_lp
+            else []
+        )
         finish = "length"
         if self.tokenizer.eos_token_id in new:
             new = new[: new.index(self.tokenizer.eos_token_id)]
             finish = "stop"
+        logprobs = (
+            {
+                "content": [
+                    {"token": f"token_id:{t}", "logprob": lp}
+                    for t, lp in zip(new, lps, strict=False)
+                ]
+            }
+            if want_lp
+            else None
+        )
         return 200, {
             "id": f"chatcmpl-{uuid.uuid4().hex[:12]}",
             "object": "chat.completion",
@@ -140,6 +164,7 @@ class AdapterServer:
                 {
                     "index": 0,
                     "finish_reason": finish,
+                    "logprobs": logprobs,
                     "message": {
                         "role": "assistant",
                         "content": self.tokenizer.decode(new, skip_special_tokens=True),

@@ -16,6 +16,12 @@ if TYPE_CHECKING:
     from whale_lab.config import Config
 
 
+def _openai(cfg: Config, model: Any = None, tokenizer: Any = None) -> Backend:
+    from whale_lab.backends.openai_pool import openai_backend
+
+    return openai_backend(cfg, model, tokenizer)
+
+
 def _vllm(cfg: Config, model: Any = None, tokenizer: Any = None) -> Backend:
     from whale_lab.backends.vllm import VLLMBackend
 
@@ -24,7 +30,7 @@ def _vllm(cfg: Config, model: Any = None, tokenizer: Any = None) -> Backend:
 
 BACKENDS: dict[str, Callable[..., Backend]] = {
     "hf": HFBackend.from_config,
-    "openai": OpenAIBackend.from_config,
+    "openai": _openai,  # one endpoint, or a pool when model.base_url is a list
     "vllm": _vllm,
 }
 

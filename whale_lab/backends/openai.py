@@ -40,10 +40,13 @@ from whale_lab.backends.base import (
     BackendError,
     Generation,
     Message,
+    Prompt,
+    PromptLike,
     SamplingParams,
     check_messages,
     check_params,
     cut_at_stop,
+    prompt_messages,
 )
 from whale_lab.backends.openai_checks import ServerChecks
 from whale_lab.backends.openai_common import (
@@ -192,6 +195,10 @@ class OpenAIBackend(ServerChecks):
     def from_config(cls, cfg: Config, model: Any = None, tokenizer: Any = None) -> OpenAIBackend:
         """Backend for `cfg.model`; a local model folder also lends its tokenizer for counting."""
         m = cfg.model
+        if not isinstance(m.base_url, str):
+            raise BackendError(
+                "model.base_url lists several endpoints: build the backend with make_backend"
+            )
         if tokenizer is None:
             tokenizer = _local_tokenizer(m.path)
         return cls(
@@ -219,8 +226,15 @@ class OpenAIBackend(ServerChecks):
 
     # ------------------------------------------------------------------ tokens
 
+    def encode(self, messages: Sequence[Message], *, where: str = "prompt") -> Prompt:
+        """The chat checked and counted once (the server tokenises it again: that is its own)."""
+        msgs = check_messages(messages, where)
+        return Prompt(tuple(msgs), self._count(msgs), exact=self.tokenizer is not None)
+
     def count_tokens(self, messages: Sequence[Message]) -> int:
-        msgs = check_messages(messages, "prompt")
+        return self._count(check_messages(messages, "prompt"))
+
+    def _count(self, msgs: list[dict[str, str]]) -> int:
         if self.tokenizer is not None:
             text = self.tokenizer.apply_chat_template(
                 msgs, add_generation_prompt=True, tokenize=False, **self.chat_template_kwargs
@@ -236,12 +250,10 @@ class OpenAIBackend(ServerChecks):
 
     # -------------------------------------------------------------- generation
 
-    def generate(
-        self, prompts: Sequence[Sequence[Message]], params: SamplingParams
-    ) -> list[Generation]:
+    def generate(self, prompts: Sequence[PromptLike], params: SamplingParams) -> list[Generation]:
         """One request per prompt, `concurrency` at a time; order preserved."""
         check_params(params)
-        msgs = [check_messages(p, f"prompt {i}") for i, p in enumerate(prompts)]
+        msgs = [prompt_messages(p, f"prompt {i}") for i, p in enumerate(prompts)]
         if not msgs:
             return []
         if self.verify:

@@ -21,6 +21,7 @@ log-probabilities, greedy tokens that follow the previous weights and not the ne
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import math
 import time
@@ -249,8 +250,48 @@ class WeightSync:
         """Probe `backend` and compare; a mismatch raises `WeightSyncError`.
 
         `baseline`: compare with the weights before any adapter (a first publish of a resumed or
-        given adapter), rather than with the copy kept by `remember`.
+        given adapter), rather than with the copy kept by `remember`. A backend over several
+        endpoints (`.endpoints`) has each endpoint probed on its own: the result is verified only
+        when every endpoint is, and a mismatch names the endpoint.
         """
+        endpoints = list(getattr(backend, "endpoints", None) or [])
+        if len(endpoints) < 2:
+            return self._check_one(
+                backend,
+                served_version=served_version,
+                adapter=adapter,
+                baseline=baseline,
+                label=label,
+            )
+        previous = self._previous
+        results = []
+        try:
+            for e in endpoints:
+                self._previous = previous  # each endpoint compared with the same two weights
+                where = f" at {getattr(e, 'base_url', '?')}"
+                what = (label or (f"adapter {adapter!r}" if adapter else served_version)) + where
+                results.append(
+                    self._check_one(
+                        e,
+                        served_version=served_version,
+                        adapter=adapter,
+                        baseline=baseline,
+                        label=what,
+                    )
+                )
+        finally:
+            self._previous = None
+        return _combine(results)
+
+    def _check_one(
+        self,
+        backend: Any,
+        *,
+        served_version: str,
+        adapter: str = "",
+        baseline: bool = False,
+        label: str = "",
+    ) -> SyncResult:
         t0 = time.perf_counter()
         name = str(getattr(backend, "name", type(backend).__name__))
         what = label or (
@@ -398,6 +439,27 @@ class WeightSync:
         else:
             measured = f"{r.tokens} probe tokens compared, no served log-probabilities"
         return f"weight sync failed on the {backend} backend for {what}: {measured}: {cause}"
+
+
+def _combine(results: Sequence[SyncResult]) -> SyncResult:
+    """One result for several endpoints: verified only when all are; the worst distance."""
+    statuses = [r.status for r in results]
+    status = VERIFIED if all(s == VERIFIED for s in statuses) else UNVERIFIED
+    notes = [f"endpoint {i + 1}: {r.note}" for i, r in enumerate(results) if r.note]
+    dists = [r.distance for r in results if r.distance is not None]
+    first = results[0]
+    return dataclasses.replace(
+        first,
+        status=status,
+        distance=max(dists) if dists else None,
+        previous_distance=min(
+            (r.previous_distance for r in results if r.previous_distance is not None),
+            default=None,
+        ),
+        tokens=sum(r.tokens for r in results),
+        note="; ".join(notes),
+        seconds=round(sum(r.seconds for r in results), 6),
+    )
 
 
 def _round(v: float | None) -> float | None:
