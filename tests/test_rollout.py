@@ -27,15 +27,23 @@ class ScriptedBackend:
         self.replies = {k: list(v) for k, v in replies.items()}
         self.calls: list[int] = []
 
-    def generate(self, prompts: Sequence[Sequence[Message]], params: SamplingParams) -> list[Generation]:
+    def generate(
+        self, prompts: Sequence[Sequence[Message]], params: SamplingParams
+    ) -> list[Generation]:
         self.calls.append(len(prompts))
         out = []
         for msgs in prompts:
             first_user = next(m["content"] for m in msgs if m["role"] == "user")
             key = first_user.split("\n")[0]
             text = self.replies[key].pop(0) if self.replies[key] else ""
-            out.append(Generation(text=text, prompt_tokens=10, completion_tokens=len(text.split()),
-                                  finish_reason="stop"))
+            out.append(
+                Generation(
+                    text=text,
+                    prompt_tokens=10,
+                    completion_tokens=len(text.split()),
+                    finish_reason="stop",
+                )
+            )
         return out
 
     def count_tokens(self, messages: Sequence[Message]) -> int:
@@ -62,7 +70,9 @@ class CounterEnv(Env):
             ok = action.value.strip() == str(self.task.answer)
             return StepOutcome(done=True, reward=float(ok), stop_reason="answered")
         if action.kind == "tool":
-            return StepOutcome(observation={"secret": self.task.answer}, tool_error=action.tool != "look")
+            return StepOutcome(
+                observation={"secret": self.task.answer}, tool_error=action.tool != "look"
+            )
         return StepOutcome(feedback_kind="illegal", feedback_detail=f"{action.value} is illegal")
 
 
@@ -70,7 +80,10 @@ class CounterDomain(Domain):
     name = "counter"
 
     def tasks(self, split: str) -> list[Task]:  # type: ignore[override]
-        return [Task(id=f"t{i}", domain="counter", fields={"question": f"q{i}"}, answer=i) for i in range(3)]
+        return [
+            Task(id=f"t{i}", domain="counter", fields={"question": f"q{i}"}, answer=i)
+            for i in range(3)
+        ]
 
     def make_env(self, task: Task) -> Env:
         return CounterEnv(task)
@@ -85,7 +98,7 @@ class CounterDomain(Domain):
         return Action(kind="answer", value=str(raw))
 
 
-HARNESS = '''
+HARNESS = """
 USER_PROMPT = "{question}\\nsay ANSWER <n>, LOOK, or MOVE <m>"
 MAX_TURNS = 3
 FORMAT_RETRY_BUDGET = 1
@@ -106,7 +119,7 @@ def parse_action(response):
     if response == "CRASH":
         raise RuntimeError("parser exploded")
     return None
-'''
+"""
 
 
 @pytest.fixture()
@@ -127,8 +140,9 @@ def _run(host: HarnessHost, replies: dict[str, list[str]]) -> tuple[list, Script
 
 
 def test_episodes_advance_together_with_one_generation_per_turn(host: HarnessHost) -> None:
-    traces, backend = _run(host, {"q0": ["ANSWER 0"], "q1": ["LOOK", "ANSWER 1"],
-                                  "q2": ["LOOK", "LOOK", "LOOK"]})
+    traces, backend = _run(
+        host, {"q0": ["ANSWER 0"], "q1": ["LOOK", "ANSWER 1"], "q2": ["LOOK", "LOOK", "LOOK"]}
+    )
     # turn 1: 3 live, turn 2: 2 live, turn 3: 1 live -> exactly one batched call per turn
     assert backend.calls == [3, 2, 1]
     t0, t1, t2 = traces
@@ -160,21 +174,86 @@ def test_harness_crash_costs_only_its_episode(host: HarnessHost) -> None:
 def test_context_overflow_ends_with_token_cap(host: HarnessHost) -> None:
     domain = CounterDomain()
     backend = ScriptedBackend({"q0": ["LOOK"] * 3})
-    traces = run_episodes([(domain.tasks("val")[0], 0)], domain, host, backend,
-                          SamplingParams(max_new_tokens=10), max_context_tokens=12)
+    traces = run_episodes(
+        [(domain.tasks("val")[0], 0)],
+        domain,
+        host,
+        backend,
+        SamplingParams(max_new_tokens=10),
+        max_context_tokens=12,
+    )
     assert traces[0].stop_reason == "token_cap"
     assert backend.calls == []
 
 
 def test_should_stop_drops_unfinished_episodes(host: HarnessHost) -> None:
     domain = CounterDomain()
-    backend = ScriptedBackend({"q0": ["ANSWER 0"], "q1": ["LOOK", "ANSWER 1"], "q2": ["LOOK", "LOOK"]})
+    backend = ScriptedBackend(
+        {"q0": ["ANSWER 0"], "q1": ["LOOK", "ANSWER 1"], "q2": ["LOOK", "LOOK"]}
+    )
     turns = {"n": 0}
 
     def should_stop() -> bool:
         turns["n"] += 1
         return turns["n"] > 1
 
-    traces = run_episodes([(t, 0) for t in domain.tasks("val")], domain, host, backend,
-                          SamplingParams(), should_stop=should_stop)
+    traces = run_episodes(
+        [(t, 0) for t in domain.tasks("val")],
+        domain,
+        host,
+        backend,
+        SamplingParams(),
+        should_stop=should_stop,
+    )
     assert [t.task_id for t in traces] == ["t0"]
+
+
+class CountingTokenizer:
+    """A tokenizer that counts chat renders and encodings (everything else passes through)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.renders = 0
+        self.encodings = 0
+
+    def apply_chat_template(self, *args: Any, **kwargs: Any) -> Any:
+        self.renders += 1
+        return self._inner.apply_chat_template(*args, **kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.encodings += 1
+        return self._inner(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def test_each_prompt_is_rendered_and_tokenised_once_per_turn(
+    host: HarnessHost, tiny_model_dir: Path
+) -> None:
+    from whale_lab.backends.hf import HFBackend
+    from whale_lab.models import load_model_and_tokenizer
+
+    model, tok = load_model_and_tokenizer(str(tiny_model_dir))
+    counting = CountingTokenizer(tok)
+    backend = HFBackend(model, counting, batch_size=4, max_context_tokens=512)
+    domain = CounterDomain()
+    traces = run_episodes(
+        [(t, s) for t in domain.tasks("val") for s in range(2)],
+        domain,
+        host,
+        backend,
+        SamplingParams(max_new_tokens=6, seed=1),
+    )
+    turns = sum(t.n_turns for t in traces)
+    assert turns > len(traces)  # random replies fail to parse: a second turn for most episodes
+    assert counting.renders == counting.encodings == turns
+    # A Prompt from another encoding (other template settings) is encoded again, not trusted.
+    messages = traces[0].turns[0].prompt
+    other = HFBackend(model, tok, chat_template_kwargs={"flavour": "x"})
+    prompt = other.encode(messages)
+    params = SamplingParams(temperature=0.0, max_new_tokens=4)
+    before = counting.renders
+    assert backend.generate([prompt], params) == backend.generate([messages], params)
+    assert counting.renders == before + 2
+    assert backend.generate([backend.encode(messages)], params)[0].prompt_tokens == prompt.tokens

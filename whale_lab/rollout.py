@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from whale_lab.backends.base import Backend, Generation, SamplingParams
+from whale_lab.backends.base import Backend, Generation, Prompt, SamplingParams, encode_with
 from whale_lab.domains.base import Action, Domain, Env, StepOutcome, Task
 from whale_lab.trace import EpisodeTrace, TurnRecord
 
@@ -82,7 +82,9 @@ def run_episodes(
         env = domain.make_env(task)
         trace = EpisodeTrace(task_id=task.id, domain=task.domain, sample=sample, harness=info.name)
         ep = _Live(task=task, env=env, trace=trace)
-        ep.history.append({"type": "observation", "observation": _json_safe(env.initial_observation())})
+        ep.history.append(
+            {"type": "observation", "observation": _json_safe(env.initial_observation())}
+        )
         episodes.append(ep)
 
     def close(ep: _Live) -> None:
@@ -102,37 +104,55 @@ def run_episodes(
         # 1. render prompts (one round trip)
         contexts = [_context(ep, turn, max_turns) for ep in live]
         rendered = harness.render(
-            [{"fields": dict(ep.task.fields), "history": ep.history, "context": ctx}
-             for ep, ctx in zip(live, contexts, strict=True)]
+            [
+                {"fields": dict(ep.task.fields), "history": ep.history, "context": ctx}
+                for ep, ctx in zip(live, contexts, strict=True)
+            ]
         )
         ready: list[tuple[_Live, list[dict[str, str]], dict[str, Any]]] = []
+        prompts: list[Prompt] = []  # each rendered and tokenised once, for the check and generate
         for ep, res, ctx in zip(live, rendered, contexts, strict=True):
             if not res.ok:
                 ep.finish("harness_error", error=f"render: {res.kind}: {res.error}")
                 close(ep)
                 continue
             messages = res.value
-            if backend.count_tokens(messages) + params.max_new_tokens > max_context_tokens:
+            prompt = encode_with(backend, messages)
+            if prompt.tokens + params.max_new_tokens > max_context_tokens:
                 ep.finish("token_cap", error="prompt no longer fits the model's context")
                 close(ep)
                 continue
             ready.append((ep, messages, ctx))
+            prompts.append(prompt)
         if not ready:
             continue
 
         # 2. one batched generation over every live episode
-        gens: list[Generation] = backend.generate([m for _, m, _ in ready], params)
+        # (a backend that only counts tokens, a test's scripted one, is given the chats)
+        native = callable(getattr(backend, "encode", None))
+        gens: list[Generation] = backend.generate(
+            prompts if native else [m for _, m, _ in ready], params
+        )
 
         # 3. parse replies (one round trip)
-        parsed = harness.parse([{"response": g.text, "context": ctx}
-                                for (_, _, ctx), g in zip(ready, gens, strict=True)])
+        parsed = harness.parse(
+            [
+                {"response": g.text, "context": ctx}
+                for (_, _, ctx), g in zip(ready, gens, strict=True)
+            ]
+        )
 
         # 4. environment transitions, engine-side
         stepping: list[tuple[_Live, TurnRecord, Action]] = []
         for (ep, messages, _ctx), gen, res in zip(ready, gens, parsed, strict=True):
-            rec = TurnRecord(prompt=messages, response=gen.text, finish_reason=gen.finish_reason,
-                             prompt_tokens=gen.prompt_tokens, completion_tokens=gen.completion_tokens,
-                             token_ids=_sampled_ids(gen))
+            rec = TurnRecord(
+                prompt=messages,
+                response=gen.text,
+                finish_reason=gen.finish_reason,
+                prompt_tokens=gen.prompt_tokens,
+                completion_tokens=gen.completion_tokens,
+                token_ids=_sampled_ids(gen),
+            )
             ep.trace.turns.append(rec)
             if gen.finish_reason == "length":
                 ep.trace.token_cap_hits += 1
@@ -188,8 +208,9 @@ def run_episodes(
                         ep.finish("illegal_moves")
                         close(ep)
                         continue
-                ep.history.append({"type": "feedback", "kind": kind,
-                                   "detail": outcome.feedback_detail})
+                ep.history.append(
+                    {"type": "feedback", "kind": kind, "detail": outcome.feedback_detail}
+                )
                 rec.feedback = {"kind": kind, "detail": outcome.feedback_detail}
             else:
                 obs = _json_safe(outcome.observation)

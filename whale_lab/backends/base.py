@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from whale_lab.errors import BackendError  # noqa: F401 - re-exported: the backends' error
 
@@ -39,12 +39,34 @@ class Generation:
     token_logprobs: tuple[float, ...] = ()  # one per token_ids entry, when params.logprobs
 
 
+@dataclass(frozen=True)
+class Prompt:
+    """A chat rendered and tokenised once: its length for the caller's context check, and what
+    `generate` takes without rendering it again (the rollout engine does both every turn)."""
+
+    messages: tuple[Message, ...]  # checked plain dicts
+    tokens: int  # its length once templated (an estimate where `ids` is empty and `exact` False)
+    ids: tuple[int, ...] = ()  # the token ids, where the backend tokenises locally
+    exact: bool = True
+    # Which encoding made it (tokenizer and template settings): a backend re-encodes a Prompt
+    # made under another one rather than trust its ids.
+    encoding: object = None
+
+
+# What `generate` takes: chats, or Prompts from the same backend's `encode`.
+PromptLike = Sequence[Message] | Prompt
+
+
 @runtime_checkable
 class Backend(Protocol):
     name: str
 
-    def generate(self, prompts: Sequence[Sequence[Message]], params: SamplingParams) -> list[Generation]:
+    def generate(self, prompts: Sequence[PromptLike], params: SamplingParams) -> list[Generation]:
         """One batched generation over every prompt; order preserved."""
+        ...
+
+    def encode(self, messages: Sequence[Message], *, where: str = "prompt") -> Prompt:
+        """The chat rendered and tokenised once, for a length check and then `generate`."""
         ...
 
     def count_tokens(self, messages: Sequence[Message]) -> int:
@@ -56,6 +78,21 @@ class Backend(Protocol):
 
 # Input checks and stop handling every backend shares; they live here so backends never import
 # each other.
+
+
+def encode_with(backend: Any, messages: Sequence[Message], where: str = "prompt") -> Prompt:
+    """`backend.encode`, or for a backend that only counts tokens, its count with the messages."""
+    encode = getattr(backend, "encode", None)
+    if callable(encode):
+        return encode(messages, where=where)
+    return Prompt(tuple(check_messages(messages, where)), int(backend.count_tokens(messages)))
+
+
+def prompt_messages(prompt: PromptLike, where: str) -> list[dict[str, str]]:
+    """The checked messages of a chat or of a Prompt (whose messages were checked already)."""
+    if isinstance(prompt, Prompt):
+        return list(prompt.messages)
+    return check_messages(prompt, where)
 
 
 def check_messages(messages: Sequence[Message], where: str) -> list[dict[str, str]]:

@@ -28,10 +28,13 @@ from whale_lab.backends.base import (
     BackendError,
     Generation,
     Message,
+    Prompt,
+    PromptLike,
     SamplingParams,
     check_messages,
     check_params,
     cut_at_stop,
+    prompt_messages,
 )
 from whale_lab.backends.hf_batching import DecodeStats
 from whale_lab.backends.hf_prefix_cache import PrefixCache
@@ -119,9 +122,27 @@ class HFBackend:
 
     # ------------------------------------------------------------------ tokens
 
+    def encode(self, messages: Sequence[Message], *, where: str = "prompt") -> Prompt:
+        """The chat rendered and tokenised once; `generate` takes it without encoding it again."""
+        msgs = check_messages(messages, where)
+        ids = self._render_ids(msgs, where)
+        return Prompt(tuple(msgs), len(ids), tuple(ids), encoding=self._encoding())
+
+    def _encoding(self) -> object:
+        """What a Prompt's ids depend on besides its messages."""
+        return (id(self.tokenizer), repr(sorted(self.chat_template_kwargs.items())))
+
     def encode_chat(self, messages: Sequence[Message], *, where: str = "prompt") -> list[int]:
         """Token ids of a chat rendered with the generation prompt, exactly as generate sees it."""
-        msgs = check_messages(messages, where)
+        return self._render_ids(check_messages(messages, where), where)
+
+    def _ids_of(self, prompt: PromptLike, where: str) -> list[int]:
+        """A Prompt's ids when this backend's encoding made them; the chat encoded otherwise."""
+        if isinstance(prompt, Prompt) and prompt.ids and prompt.encoding == self._encoding():
+            return list(prompt.ids)
+        return self._render_ids(prompt_messages(prompt, where), where)
+
+    def _render_ids(self, msgs: list[dict[str, str]], where: str) -> list[int]:
         try:
             text = self.tokenizer.apply_chat_template(
                 msgs, add_generation_prompt=True, tokenize=False, **self.chat_template_kwargs
@@ -155,14 +176,12 @@ class HFBackend:
 
     # -------------------------------------------------------------- generation
 
-    def generate(
-        self, prompts: Sequence[Sequence[Message]], params: SamplingParams
-    ) -> list[Generation]:
+    def generate(self, prompts: Sequence[PromptLike], params: SamplingParams) -> list[Generation]:
         """One completion per prompt, in order; at most `batch_size` rows decode at once."""
         check_params(params)
         if not prompts:
             return []
-        encoded = [self.encode_chat(p, where=f"prompt {i}") for i, p in enumerate(prompts)]
+        encoded = [self._ids_of(p, f"prompt {i}") for i, p in enumerate(prompts)]
         results: list[Generation | None] = [None] * len(encoded)
         todo: list[int] = []
         for i, ids in enumerate(encoded):

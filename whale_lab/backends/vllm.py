@@ -34,10 +34,13 @@ from whale_lab.backends.base import (
     BackendError,
     Generation,
     Message,
+    Prompt,
+    PromptLike,
     SamplingParams,
     check_messages,
     check_params,
     cut_at_stop,
+    prompt_messages,
 )
 
 if TYPE_CHECKING:
@@ -141,18 +144,21 @@ class VLLMBackend:
             chat_template_kwargs=cfg.sampling.chat_template_kwargs,
         )
 
-    def count_tokens(self, messages: Sequence[Message]) -> int:
-        msgs = check_messages(messages, "prompt")
+    def encode(self, messages: Sequence[Message], *, where: str = "prompt") -> Prompt:
+        """The chat rendered and tokenised once here, for the caller's length check."""
+        msgs = check_messages(messages, where)
         text = self.tokenizer.apply_chat_template(
             msgs, add_generation_prompt=True, tokenize=False, **self.chat_template_kwargs
         )
-        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        ids = tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return Prompt(tuple(msgs), len(ids), ids)
 
-    def generate(
-        self, prompts: Sequence[Sequence[Message]], params: SamplingParams
-    ) -> list[Generation]:
+    def count_tokens(self, messages: Sequence[Message]) -> int:
+        return self.encode(messages).tokens
+
+    def generate(self, prompts: Sequence[PromptLike], params: SamplingParams) -> list[Generation]:
         check_params(params)
-        convs = [check_messages(p, f"prompt {i}") for i, p in enumerate(prompts)]
+        convs = [prompt_messages(p, f"prompt {i}") for i, p in enumerate(prompts)]
         if not convs:
             return []
         sps = [
