@@ -12,12 +12,12 @@ from fixtures.openai_replay_server import ReplayServer, say, tool_call
 from whale_lab.config import ProposerConfig
 from whale_lab.engine.safepoints import SafePoints
 from whale_lab.events import Event, Log, SteerDelivered, SteerNoted
+from whale_lab.seams import Command, CommandChannel
 from whale_lab.search.archive import INCOMING, PhaseArchive
 from whale_lab.search.proposers.base import ProposalRequest
 from whale_lab.search.proposers.llm import LLMProposer
 from whale_lab.search.proposers.rules import RulesProposer
 from whale_lab.search.steering import check_note, open_notes, steered
-from whale_lab.seams import Command, CommandChannel
 from whale_lab.store import RunStore
 
 REPO = Path(__file__).resolve().parent.parent

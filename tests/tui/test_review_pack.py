@@ -195,7 +195,9 @@ class SteerableEngine:
         self.store.emit(RunFinished(status="stopped", message="stopped"))
 
 
-async def test_steer_note_travels_as_a_command_into_the_event_log(review_run: Path, wait_for) -> None:
+async def test_steer_note_travels_as_a_command_into_the_event_log(
+    review_run: Path, wait_for
+) -> None:
     engines: list[SteerableEngine] = []
 
     def factory(cfg: Config, run_dir: Any, reviewer: Any, commands: CommandChannel) -> Any:
@@ -203,7 +205,9 @@ async def test_steer_note_travels_as_a_command_into_the_event_log(review_run: Pa
         engines.append(SteerableEngine(store, commands))
         return engines[-1], store
 
-    app = WhaleLabApp(Config(), run_dir=str(review_run), engine_factory=factory, flush_interval=0.05)
+    app = WhaleLabApp(
+        Config(), run_dir=str(review_run), engine_factory=factory, flush_interval=0.05
+    )
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: bool(engines) and engines[0].polled.is_set())
         await pilot.press("3")

@@ -14,13 +14,12 @@ from textual.widgets import (
     OptionList,
     ProgressBar,
     RichLog,
-    Sparkline,
     Static,
 )
 from textual.widgets.option_list import Option
 from textual_plotext import PlotextPlot
 
-from whale_lab.tui import pack_render, render
+from whale_lab.tui import pack_render, plots, render
 from whale_lab.tui.review_pack import PairedTask, ReviewPack
 from whale_lab.tui.state import EpisodeRow, ReviewEntry, RunView, filter_label, matches_filter
 
@@ -155,61 +154,41 @@ class RolloutsPanel(Vertical):
 
 
 class AccuracyPanel(Vertical):
-    """Val/test mean@k over time, the cycle table, and the weight phase's training signal."""
+    """Val/test mean@k against rollouts (phases marked), candidate scores per iteration (the
+    accepted one marked), the weight phase's reward and accept rate per step, the cycle table."""
+
+    DEFAULT_CSS = """
+    AccuracyPanel #accuracy-plot { height: 2fr; min-height: 6; }
+    AccuracyPanel #accuracy-lower { height: 1fr; min-height: 5; }
+    AccuracyPanel #candidates-plot, AccuracyPanel #training-plot { width: 1fr; height: 1fr; }
+    """
 
     def compose(self) -> ComposeResult:
         yield TextView(id="accuracy-summary")
         yield PlotextPlot(id="accuracy-plot")
-        with Horizontal(classes="spark-row"):
-            yield TextView(id="reward-label", classes="spark-label")
-            yield Sparkline([], id="reward-spark")
-        with Horizontal(classes="spark-row"):
-            yield TextView(id="accept-label", classes="spark-label")
-            yield Sparkline([], id="accept-spark")
+        with Horizontal(id="accuracy-lower"):
+            yield PlotextPlot(id="candidates-plot")
+            yield PlotextPlot(id="training-plot")
         table: DataTable[Text] = DataTable(id="cycles-table", cursor_type="row")
         table.add_columns(*render.CYCLE_COLUMNS)
         yield table
 
     def update_view(self, view: RunView) -> None:
         self.query_one("#accuracy-summary", TextView).show(render.accuracy_summary(view))
-        self._plot(view)
-        rewards, accepts = view.weight_series()
-        self.query_one("#reward-spark", Sparkline).data = rewards
-        self.query_one("#accept-spark", Sparkline).data = accepts
-        last_r = f"{rewards[-1]:.2f}" if rewards else "—"
-        last_a = render.fmt_pct(accepts[-1]) if accepts else "—"
-        self.query_one("#reward-label", TextView).show(Text(f"train reward {last_r}", no_wrap=True))
-        self.query_one("#accept-label", TextView).show(Text(f"accept rate {last_a}", no_wrap=True))
+        for selector, draw in (
+            ("#accuracy-plot", plots.draw_accuracy),
+            ("#candidates-plot", plots.draw_candidates),
+            ("#training-plot", plots.draw_training),
+        ):
+            widget = self.query_one(selector, PlotextPlot)
+            widget.plt.clear_data()
+            widget.plt.clear_figure()
+            draw(widget.plt, view)
+            widget.refresh()
         table = self.query_one("#cycles-table", DataTable)
         table.clear()
         for cyc in sorted(view.cycles):
             table.add_row(*render.cycle_cells(view.cycles[cyc]))
-
-    def _plot(self, view: RunView) -> None:
-        widget = self.query_one("#accuracy-plot", PlotextPlot)
-        plt = widget.plt
-        plt.clear_data()
-        plt.clear_figure()
-        by_rollouts = any(p.rollouts > 0 for p in view.evals)
-        for split, color in (("val", "cyan"), ("test", "magenta")):
-            pts = [(i, p) for i, p in enumerate(view.evals, start=1) if p.split == split]
-            if not pts:
-                continue
-            xs = [p.rollouts if by_rollouts else i for i, p in pts]
-            ys = [100 * p.mean_at_k for _, p in pts]
-            k = pts[-1][1].k
-            plt.plot(xs, ys, label=f"{split} mean@{k}", marker="braille", color=color)
-        if by_rollouts and view.evals:
-            lo = min(p.rollouts for p in view.evals)
-            hi = max(p.rollouts for p in view.evals)
-            for _cycle, _phase, x in view.phase_marks:
-                if lo < x < hi:
-                    plt.vline(x, color="gray")
-        plt.xlabel("rollouts (weight + harness); | = phase end" if by_rollouts else "evaluation")
-        plt.ylabel("%")
-        if not view.evals:
-            plt.title("no evaluations yet")
-        widget.refresh()
 
 
 class ReviewPanel(Vertical):
