@@ -48,7 +48,9 @@ def _pass_at_k_task(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def pass_at_k(traces: Sequence[EpisodeTrace], k: int | None = None, threshold: float = 0.5) -> float:
+def pass_at_k(
+    traces: Sequence[EpisodeTrace], k: int | None = None, threshold: float = 0.5
+) -> float:
     groups = _by_task(traces)
     if not groups:
         return 0.0
@@ -94,13 +96,23 @@ def diagnostics(traces: Sequence[EpisodeTrace]) -> dict[str, float]:
             for t in traces
             for turn in t.turns
             if isinstance(turn.feedback, dict) and turn.feedback.get("kind") == "harness_chose_move"
-        ) / turns,
+        )
+        / turns,
     }
     invalid = sum(is_invalid(t) for t in traces)
     out["invalid_episodes"] = float(invalid)
     out["invalid_share"] = invalid / n
-    for reason in ("answered", "solved", "wrong_move", "format_failure", "illegal_moves",
-                   "turn_cap", "token_cap", "harness_error", "backend_error"):
+    for reason in (
+        "answered",
+        "solved",
+        "wrong_move",
+        "format_failure",
+        "illegal_moves",
+        "turn_cap",
+        "token_cap",
+        "harness_error",
+        "backend_error",
+    ):
         out[f"stop_{reason}"] = stop.get(reason, 0) / n
     recalls = [t.info["retrieval_recall"] for t in traces if "retrieval_recall" in t.info]
     if recalls:
@@ -125,3 +137,64 @@ FAILURE_LABELS = {
     "stop_wrong_move": "wrong moves",
     "retrieval_recall": "retrieval recall",
 }
+
+
+# (key, label, unit, scale): what each domain's eval summary shows, in this order. A share is
+# shown in percent of what it counts (turns, episodes, tool calls); a count per episode as is.
+_COMMON_FIRST = (
+    ("mean_turns", "turns", "per episode", 1.0),
+    ("mean_completion_tokens", "reply tokens", "per episode", 1.0),
+    ("format_failure_rate", "format failures", "% of turns", 100.0),
+)
+_COMMON_LAST = (
+    ("token_cap_rate", "token-cap hits", "% of turns", 100.0),
+    ("stop_turn_cap", "ended at the turn cap", "% of episodes", 100.0),
+    ("stop_token_cap", "context overflows", "% of episodes", 100.0),
+    ("stop_harness_error", "harness crashes", "% of episodes", 100.0),
+    ("invalid_share", "invalid (backend errors, not scored)", "% of episodes", 100.0),
+)
+DOMAIN_DIAGNOSTICS: dict[str, tuple[tuple[str, str, str, float], ...]] = {
+    "math": (
+        *_COMMON_FIRST,
+        ("tool_calls_per_episode", "python calls", "per episode", 1.0),
+        ("tool_error_rate", "python errors", "% of tool calls", 100.0),
+        ("accuracy_when_answered", "correct when answered", "% of answered episodes", 100.0),
+        *_COMMON_LAST,
+    ),
+    "search": (
+        *_COMMON_FIRST,
+        ("tool_calls_per_episode", "searches", "per episode", 1.0),
+        ("tool_error_rate", "search errors", "% of tool calls", 100.0),
+        ("retrieval_recall", "retrieval recall", "%, mean over episodes", 100.0),
+        ("accuracy_when_answered", "correct when answered", "% of answered episodes", 100.0),
+        *_COMMON_LAST,
+    ),
+    "chess": (
+        *_COMMON_FIRST,
+        ("illegal_move_rate", "illegal moves", "% of turns", 100.0),
+        ("harness_chose_move", "harness chose the move (not the model)", "% of turns", 100.0),
+        ("stop_wrong_move", "ended on a wrong move", "% of episodes", 100.0),
+        ("stop_illegal_moves", "ended on illegal moves", "% of episodes", 100.0),
+        *_COMMON_LAST,
+    ),
+}
+_SHOWN_STOPS = {
+    key for rows in DOMAIN_DIAGNOSTICS.values() for key, *_ in rows if key.startswith("stop_")
+}
+
+
+def summary_rows(domain: str, diag: dict[str, float]) -> list[tuple[str, str, str]]:
+    """(label, value, unit) rows of the eval summary: only the diagnostics of `domain`, each
+    with its unit; any other way an episode ended follows, as a share of episodes. A domain
+    not listed (a user's own) gets the common rows."""
+    spec = DOMAIN_DIAGNOSTICS.get(domain, _COMMON_FIRST + _COMMON_LAST)
+    rows = []
+    for key, label, unit, scale in spec:
+        if key in diag:
+            value = diag[key] * scale
+            rows.append((label, f"{value:.1f}" if scale == 100.0 else f"{value:.2f}", unit))
+    for key, value in sorted(diag.items()):
+        ordinary = key in ("stop_answered", "stop_solved")
+        if key.startswith("stop_") and key not in _SHOWN_STOPS and not ordinary and value:
+            rows.append((f"ended: {key[5:]}", f"{100 * value:.1f}", "% of episodes"))
+    return rows

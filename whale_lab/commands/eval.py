@@ -162,11 +162,8 @@ def print_report(result: dict[str, Any]) -> None:
     table = Table(title="where failures come from", show_header=True)
     table.add_column("diagnostic")
     table.add_column("value", justify="right")
-    for key, label in metrics.FAILURE_LABELS.items():
-        if key in result["diagnostics"]:
-            table.add_row(label, f"{result['diagnostics'][key]:.3f}")
-    for key, value in sorted(result["diagnostics"].items()):
-        if key.startswith("stop_") and key not in metrics.FAILURE_LABELS and value:
-            table.add_row(f"ended: {key[5:]}", f"{value:.3f}")
+    table.add_column("unit")
+    for row in metrics.summary_rows(result["domain"], result["diagnostics"]):
+        table.add_row(*row)
     console.print(table)
     console.print(f"traces: {result['run_dir']}")
