@@ -185,6 +185,29 @@ def test_make_backend_builds_hf_from_config(tiny_model_dir: Path) -> None:
     assert isinstance(same, HFBackend) and same.model is backend.model
 
 
+def test_the_scheduler_is_configured_by_model_hf_keys(backend: HFBackend) -> None:
+    from whale_lab.config import ConfigError, load_config
+
+    default = HFBackend.from_config(Config(), backend.model, backend.tokenizer)
+    assert default.continuous and default.refill is None
+    assert default.prefix_cache.max_bytes == 1024 * 2**20
+    cfg = load_config(
+        None, ["model.hf.continuous=false", "model.hf.refill=3", "model.hf.prefix_cache_mb=0"]
+    )
+    set_ = HFBackend.from_config(cfg, backend.model, backend.tokenizer)
+    assert (set_.continuous, set_.refill, set_.prefix_cache.enabled) == (False, 3, False)
+    assert set_.generate(PROMPTS, GREEDY) == backend.generate(PROMPTS, GREEDY)
+    for override, message in (
+        ("model.hf.refill=-1", "model.hf.refill: expected a value >= 0, got -1"),
+        ("model.hf.prefix_cache_mb=-5", "model.hf.prefix_cache_mb: expected a value >= 0, got -5"),
+        ('model.hf.continuous="yes"', "model.hf.continuous: expected true or false, got 'yes'"),
+        ("model.hf.prefix_cache=1", "did you mean 'model.hf.prefix_cache_mb'?"),
+    ):
+        with pytest.raises(ConfigError) as err:
+            load_config(None, [override])
+        assert message in str(err.value) and "\n" not in str(err.value)
+
+
 def test_vllm_backend_without_vllm_is_a_clear_error(tiny_model_dir: Path) -> None:
     try:
         import vllm  # noqa: F401

@@ -118,6 +118,9 @@ class HFBackend:
             batch_size=cfg.sampling.batch_size,
             max_context_tokens=cfg.model.max_context_tokens,
             chat_template_kwargs=cfg.sampling.chat_template_kwargs,
+            continuous=cfg.model.hf.continuous,
+            refill=cfg.model.hf.refill or None,
+            prefix_cache_mb=cfg.model.hf.prefix_cache_mb,
         )
 
     # ------------------------------------------------------------------ tokens
