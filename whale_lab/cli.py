@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep a probe's result in the run (default: keep nothing)")
     p.add_argument("--json", action="store_true",
                    help="print the result as one JSON object (per side: gain_per_1k, interval, verdict)")
+    p.add_argument("--interaction", action="store_true",
+                   help="the harness x weights interaction on --run: incumbent and best candidate "
+                        "of the last harness phase, before and after the last weight phase")
 
     p = sub.add_parser("compare", help="run schedules x seeds on one domain and write a report")
     _add_common(p)
@@ -188,8 +191,14 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return run_tui(cfg)
     if command == "probe":
-        from whale_lab.commands.probe import run_probe
+        from whale_lab.commands.probe import run_interaction_probe, run_probe
 
+        if args.interaction:
+            if args.keep is not None:
+                print("whale-lab: error: --keep does not apply to --interaction (it keeps nothing)",
+                      file=sys.stderr)
+                return 2
+            return run_interaction_probe(cfg, args.run, as_json=args.json)
         keep: bool | str = False if args.keep is None else (True if args.keep == "best" else args.keep)
         return run_probe(cfg, run_dir=args.run, keep=keep, as_json=args.json)
     if command == "compare":

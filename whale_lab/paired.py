@@ -106,7 +106,7 @@ def needed_effect(sd: float, n_tasks: int, level: float = DEFAULT_LEVEL) -> floa
     return z * sd / math.sqrt(n_tasks)
 
 
-def _task_means(scores: Mapping[str, Sequence[float | None]]) -> dict[str, float]:
+def task_means(scores: Mapping[str, Sequence[float | None]]) -> dict[str, float]:
     """Per-task mean over the valid samples (None marks an invalid episode)."""
     out: dict[str, float] = {}
     for task, values in scores.items():
@@ -125,14 +125,15 @@ def paired_difference(
     seed: int = 0,
 ) -> PairedResult:
     """B minus A over the tasks both arms have valid scores for (per-task means of samples)."""
-    ma, mb = _task_means(a), _task_means(b)
+    ma, mb = task_means(a), task_means(b)
     tasks = sorted(set(ma) & set(mb))
     invalid = len((set(a) | set(b)) - set(tasks))
     diffs = [mb[t] - ma[t] for t in tasks]
     n = len(diffs)
     if n == 0:
-        return PairedResult(0, 0.0, 0.0, 0.0, -math.inf, math.inf, 0, 0, 0, level,
-                            invalid_tasks=invalid)
+        return PairedResult(
+            0, 0.0, 0.0, 0.0, -math.inf, math.inf, 0, 0, 0, level, invalid_tasks=invalid
+        )
     mean = sum(diffs) / n
     low, high = bootstrap_interval(diffs, level=level, resamples=resamples, seed=seed)
     eps = 1e-12
@@ -183,3 +184,55 @@ def scores_by_task(traces: Iterable[Any]) -> dict[str, list[float | None]]:
         invalid = get("stop_reason", "") == "backend_error"
         out.setdefault(task, []).append(None if invalid else float(get("reward", 0.0)))
     return out
+
+
+@dataclass(frozen=True)
+class InteractionResult:
+    """A 2 x 2 paired design: arm B against arm A under condition 0 and under condition 1, on
+    the tasks all four cells scored. `interaction` is (B - A under 1) minus (B - A under 0)."""
+
+    n_tasks: int
+    cells: dict[str, float]  # "a0", "b0", "a1", "b1": mean over the shared tasks
+    gain_0: PairedResult
+    gain_1: PairedResult
+    interaction: PairedResult
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "n_tasks": self.n_tasks,
+            "cells": dict(self.cells),
+            "gain_before": self.gain_0.to_dict(),
+            "gain_after": self.gain_1.to_dict(),
+            "interaction": self.interaction.to_dict(),
+        }
+
+
+def interaction_effect(
+    a0: Mapping[str, Sequence[float | None]],
+    b0: Mapping[str, Sequence[float | None]],
+    a1: Mapping[str, Sequence[float | None]],
+    b1: Mapping[str, Sequence[float | None]],
+    *,
+    level: float = DEFAULT_LEVEL,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+) -> InteractionResult:
+    """B's gain over A under each condition, and how much it changes between them, each paired
+    over the tasks every cell has a valid score for (a task invalid in one cell leaves all four)."""
+    means = [task_means(x) for x in (a0, b0, a1, b1)]
+    shared = set(means[0]).intersection(*means[1:])
+    tasks = sorted(shared)
+    m = [{t: [x[t]] for t in tasks} for x in means]
+    gain_0 = paired_difference(m[0], m[1], level=level, resamples=resamples, seed=seed)
+    gain_1 = paired_difference(m[2], m[3], level=level, resamples=resamples, seed=seed + 1)
+    g0 = {t: [means[1][t] - means[0][t]] for t in tasks}
+    g1 = {t: [means[3][t] - means[2][t]] for t in tasks}
+    inter = paired_difference(g0, g1, level=level, resamples=resamples, seed=seed + 2)
+    n = len(tasks)
+    cells = {
+        name: (sum(x[t] for t in tasks) / n if n else math.nan)
+        for name, x in zip(("a0", "b0", "a1", "b1"), means, strict=True)
+    }
+    invalid = len(set().union(*(set(x) for x in (a0, b0, a1, b1))) - shared)
+    inter = PairedResult(**{**asdict(inter), "invalid_tasks": invalid})
+    return InteractionResult(n, cells, gain_0, gain_1, inter)

@@ -145,3 +145,75 @@ def _print_probe(console: Console, result: ProbeResult) -> None:
         )
     console.print(table)
     say(console, result.recommendation)
+
+
+def run_interaction_probe(cfg: Config, run_dir: str | Path | None, *, as_json: bool = False) -> int:
+    """`whale-lab probe --interaction --run RUN`: the 2 x 2 harness x weights probe on a run with
+    an ended weight phase and an ended harness phase; 0 when it finished, 130/143 when stopped."""
+    console = stderr_console()
+
+    def go() -> int:
+        from whale_lab.engine.engine import EngineError, open_engine
+        from whale_lab.engine.interaction import InteractionStopped, run_interaction
+        from whale_lab.quiet import quiet_libraries
+
+        if run_dir is None:
+            raise EngineError("--interaction probes an existing run: give it with --run RUN")
+        quiet_libraries()
+        engine, store = open_engine(
+            headless_config(cfg), run_dir, reviewer=AutoReviewer(), commands=CommandChannel()
+        )
+        signals.resume_at(
+            store.root, f"probe again with: whale-lab probe --interaction --run {store.root}"
+        )
+        try:
+            with HeadlessDisplay(console) as display:
+                store.subscribe(display)
+                try:
+                    out = run_in_worker(lambda: run_interaction(engine, should_stop=signals))
+                except InteractionStopped:
+                    say(console, f"the interaction probe did not finish; {signals.resume_hint}")
+                    return signals.exit_code
+            if as_json:
+                print(json.dumps({**out, "run_dir": str(store.root)}, indent=2))
+                return EXIT_OK
+            _print_interaction(console, out)
+            say(console, f"run folder: {store.root}")
+            return EXIT_OK
+        finally:
+            try:
+                engine.ctx.backend.close()
+            finally:
+                store.close()
+
+    with StopSignals(console) as signals:
+        return guard(go)
+
+
+def _print_interaction(console: Console, out: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    cells = out["cells"]
+    steps = out["steps"]
+    table = Table(title="interaction probe (val mean@k)", show_header=True)
+    table.add_column("harness")
+    table.add_column(f"weights before (step {steps[0]})", justify="right")
+    table.add_column(f"weights after (step {steps[1]})", justify="right")
+    table.add_row(
+        f"incumbent {out['incumbent']}",
+        f"{cells['incumbent/before']:.3f}",
+        f"{cells['incumbent/after']:.3f}",
+    )
+    table.add_row(
+        f"candidate {out['candidate']}",
+        f"{cells['candidate/before']:.3f}",
+        f"{cells['candidate/after']:.3f}",
+    )
+    before, after = out["gain_before"], out["gain_after"]
+    table.add_row(
+        "harness gain (paired)",
+        f"{before['diff']:+.3f} {_interval_text(before['interval'])}",
+        f"{after['diff']:+.3f} {_interval_text(after['interval'])}",
+    )
+    console.print(table)
+    say(console, out["text"])
