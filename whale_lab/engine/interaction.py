@@ -216,7 +216,6 @@ class InteractionProbe:
             val_params(self.ctx.cfg, 0),
             on_episode=sink,
             should_stop=self.should_stop,
-            label=label,
         )
         self.rollouts += report.rollouts
         if report.rollouts < len(tasks) * self.k:
