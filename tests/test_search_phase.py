@@ -441,3 +441,60 @@ def test_paired_acceptance_measures_the_noise_floor_and_says_what_it_supports(
     assert result.accepted_id == "c000"
     logs = [e["message"] for e in _events(tmp_path / "run") if e["type"] == "log"]
     assert any(m.startswith("harness split noise floor:") for m in logs)
+
+
+# ---------------------------------------------------------------- one harness host per candidate
+
+
+def test_one_candidate_starts_exactly_one_harness_host(
+    tmp_path: Path, backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from whale_lab.harness.host import HarnessHost
+
+    started: list[Path] = []
+    init = HarnessHost.__init__
+
+    def counting(self: HarnessHost, path: Any, *args: Any, **kwargs: Any) -> None:
+        started.append(Path(path).resolve())
+        init(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(HarnessHost, "__init__", counting)
+    cfg = make_cfg(tmp_path)
+    phase = _phase(cfg, backend, tmp_path / "run")
+    result = phase.run(H0_PATH, iterations=2)
+    assert result.status == "completed"
+    archive = phase.archive
+    for cid in archive.ids()[1:]:  # the proposed candidates: contract check, smoke run, scoring
+        path = (archive.folder(cid) / "harness.py").resolve()
+        assert archive.read(cid, "smoke")["rollouts"] == 1 and len(list(archive.traces(cid))) == 3
+        assert started.count(path) == 1, cid
+    assert phase.hosts.started == len(archive.ids())  # one each, the incoming's scoring too
+    assert not phase.hosts._hosts  # none left running after the phase
+    phase.store.close()
+
+
+class _FakeHost:
+    def __init__(self, path: Path) -> None:
+        self.code = path.read_text()
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_an_edited_candidate_gets_a_new_host_and_the_old_one_is_closed(tmp_path: Path) -> None:
+    from whale_lab.search.candidate_hosts import CandidateHosts
+
+    path = tmp_path / "harness.py"
+    path.write_text("A = 1\n")
+    hosts = CandidateHosts(_FakeHost)
+    first = hosts.get("c001", path)
+    assert hosts.opener("c001", path)() is first and hosts.started == 1
+    path.write_text("A = 2\n")  # a reviewer's edit
+    second = hosts.get("c001", path)
+    assert second is not first and first.closed and second.code == "A = 2\n"
+    with hosts.held("c002"):
+        third = hosts.get("c002", path)
+    assert third.closed and hosts.started == 3
+    hosts.close()
+    assert second.closed

@@ -6,8 +6,9 @@ the answer is a `ValidationResult` with a readable reason rather than an excepti
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,13 @@ def _chooser_problems(host: HarnessHost, boards: list[chess_contract.SampleBoard
     path, problems = str(host.path), []
     for n, (obs, ctx, _) in enumerate(boards, 1):
         host.render(
-            [{"fields": {}, "history": [{"type": "observation", "observation": obs}], "context": ctx}]
+            [
+                {
+                    "fields": {},
+                    "history": [{"type": "observation", "observation": obs}],
+                    "context": ctx,
+                }
+            ]
         )
         parsed = host.parse([{"response": reply, "context": ctx} for reply in NO_MOVE_REPLIES])
         legal = _legal_moves(obs)
@@ -140,12 +147,16 @@ def validate_harness(
     path: str | Path,
     domain: Any,
     sandbox: SandboxConfig = SandboxConfig(),  # noqa: B008
+    *,
+    open_host: Callable[[], HarnessHost] | None = None,
 ) -> ValidationResult:
     """AST check, load in the host (constants type-checked there), domain contract, smoke calls.
 
     `domain` is a Domain or its name; the chess domain adds the WHALE chess contract, whose sample
     boards a chess Domain object renders itself (`sample_observation`), and a check that the
-    parser returns no move for replies that name none (`NO_MOVE_REPLIES`).
+    parser returns no move for replies that name none (`NO_MOVE_REPLIES`). `open_host`, called
+    once the static checks pass, gives a host its caller keeps (and closes) for later runs of the
+    same code; without it the check starts and closes its own.
     """
     p = Path(path)
     name = _domain_name(domain)
@@ -166,10 +177,10 @@ def validate_harness(
         return ValidationResult(False, problems[0], None, tuple(problems))
 
     try:
-        host = HarnessHost(p, name, sandbox)
+        host = open_host() if open_host is not None else HarnessHost(p, name, sandbox)
     except HarnessLoadError as exc:
         return ValidationResult(False, str(exc), None, (str(exc),))
-    with host:
+    with host if open_host is None else contextlib.nullcontext(host):
         problems = _smoke(host, domain)
         if name == "chess":
             boards = _chess_boards(domain)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +46,8 @@ from whale_lab.search.archive import (
     ArchiveError,
     PhaseArchive,
 )
+from whale_lab.search.candidate_hosts import CandidateHosts
+from whale_lab.search.phase_types import PhaseResult, PhaseStatus
 from whale_lab.search.proposers.base import ProposalRequest, ProposalSession, Proposer
 from whale_lab.search.scoring import record_crash, set_scored_status, transcript_of, write_scores
 from whale_lab.search.steering import steered
@@ -62,36 +63,6 @@ ONE_ITERATION_NOTE = (
 
 class HarnessPhaseError(WhaleLabError, RuntimeError):
     """The phase cannot run (e.g. the incoming harness is not a valid harness)."""
-
-
-@dataclass(frozen=True)
-class PhaseStatus:
-    """What `stop_when` sees after each iteration (the adaptive schedule's patience rule)."""
-
-    iteration: int
-    iterations: int
-    best_id: str | None
-    best_success: float | None
-    history: tuple[float, ...]  # best success in the archive after each completed iteration
-    new_best: bool
-    rollouts: int
-
-
-@dataclass(frozen=True)
-class PhaseResult:
-    status: str  # "completed" | "stopped" | "pending"
-    reason: str  # "budget" | "patience" | "stop" | "pending"
-    accepted_id: str | None
-    accepted_path: str
-    success_rate: float | None
-    mean_turns: float | None
-    pinned: bool
-    iterations_done: int
-    harness_rollouts: int
-    archive_dir: str
-    pending: tuple[str, ...] = ()
-    history: tuple[float, ...] = ()
-    proposer_usage: dict[str, float] = field(default_factory=dict)
 
 
 def _no() -> bool:
@@ -130,6 +101,7 @@ class HarnessPhase:
         self.store: RunStore = store
         self.emit: Callable[[Event], None] = ctx.emit
         self.evaluator = ctx.evaluator
+        self.hosts = CandidateHosts(self.evaluator.host)  # one per candidate being advanced
         self.cycle = cycle
         root = (
             Path(phase_dir) if phase_dir else store.root / "harness_phases" / f"cycle-{cycle:02d}"
@@ -438,17 +410,18 @@ class HarnessPhase:
 
     def _advance(self, cid: str) -> None:
         """Move one candidate through validate -> review -> score, as far as it can go."""
-        for _ in range(4):
-            status = self.archive.status(cid)
-            if status in TERMINAL_STATUSES:
-                return
-            self._check_stop()
-            if status == "proposed":
-                self._validate(cid)
-            elif status == "awaiting_review":
-                self._review(cid)
-            elif status == "approved":
-                self._score(cid)
+        with self.hosts.held(cid):
+            for _ in range(4):
+                status = self.archive.status(cid)
+                if status in TERMINAL_STATUSES:
+                    return
+                self._check_stop()
+                if status == "proposed":
+                    self._validate(cid)
+                elif status == "awaiting_review":
+                    self._review(cid)
+                elif status == "approved":
+                    self._score(cid)
 
     def _incoming_id(self) -> str | None:
         ids = self._ids_of(1)
@@ -468,6 +441,7 @@ class HarnessPhase:
             parent_code=parent_code,
             prompt_only=self.prompt_only,
             should_stop=self._stop,
+            open_host=self.hosts.opener(cid, self.archive.folder(cid) / "harness.py"),
         )
         if outcome.stage == "stopped":
             raise _Stopped()
@@ -568,6 +542,7 @@ class HarnessPhase:
                 self.params,
                 on_episode=on_episode,
                 should_stop=self._stop,
+                host=self.hosts.get(cid, folder / "harness.py"),
             )
         except (BackendError, KeyboardInterrupt):
             raise
@@ -598,8 +573,15 @@ class HarnessPhase:
         if incoming is None or self.archive.status(incoming) not in SCORED_STATUSES:
             return
         record, rollouts = measure_noise_floor(
-            self.archive, self.evaluator, incoming, self.tasks, self.k, self.params,
-            root=self.store.root, emit=self.emit, should_stop=self._stop,
+            self.archive,
+            self.evaluator,
+            incoming,
+            self.tasks,
+            self.k,
+            self.params,
+            root=self.store.root,
+            emit=self.emit,
+            should_stop=self._stop,
         )
         self._check_stop()
         self.state["rollouts"] += rollouts
@@ -696,4 +678,3 @@ class HarnessPhase:
             history=tuple(self.state["history"]),
             proposer_usage=dict(self.state["usage"]),
         )
-

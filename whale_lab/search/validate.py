@@ -48,8 +48,10 @@ def static_validation(
     *,
     parent_code: str | None = None,
     prompt_only: bool = False,
+    open_host: Callable[[], Any] | None = None,
 ) -> ValidationOutcome:
-    """The prompt-only rule and the harness contract (AST check, import allow-list, load, calls)."""
+    """The prompt-only rule and the harness contract (AST check, import allow-list, load, calls);
+    `open_host` gives the host to load it in (see `validate_harness`)."""
     from whale_lab.harness import validate_harness
 
     code = Path(path).read_text(encoding="utf-8")
@@ -57,7 +59,7 @@ def static_validation(
         problem = prompt_only_violation(parent_code, code)
         if problem:
             return ValidationOutcome(False, problem, "prompt_only")
-    result = validate_harness(path, domain, sandbox)
+    result = validate_harness(path, domain, sandbox, open_host=open_host)
     if not result.ok:
         return ValidationOutcome(False, result.reason, "contract")
     return ValidationOutcome(True)
@@ -98,8 +100,10 @@ def validate_candidate(
     parent_code: str | None = None,
     prompt_only: bool = False,
     should_stop: Callable[[], bool] | None = None,
+    open_host: Callable[[], Any] | None = None,
 ) -> ValidationOutcome:
-    """Static checks, then a smoke run (1 rollout on each smoke task)."""
+    """Static checks, then a smoke run (1 rollout on each smoke task); with `open_host`, both
+    in the one host it gives (a candidate's, kept for its scoring)."""
     from whale_lab.harness import HarnessLoadError
 
     static = static_validation(
@@ -108,11 +112,15 @@ def validate_candidate(
         evaluator.sandbox,
         parent_code=parent_code,
         prompt_only=prompt_only,
+        open_host=open_host,
     )
     if not static.ok or not smoke_tasks:
         return static
     try:
-        report = evaluator.score(path, list(smoke_tasks), 1, params, should_stop=should_stop)
+        host = open_host() if open_host is not None else None
+        report = evaluator.score(
+            path, list(smoke_tasks), 1, params, should_stop=should_stop, host=host
+        )
     except HarnessLoadError as exc:
         return ValidationOutcome(False, f"smoke run: {exc}", "smoke")
     if should_stop is not None and should_stop():
