@@ -106,21 +106,6 @@ class VllmConfig:
 
 
 @dataclass(frozen=True)
-class HfConfig:
-    """The in-process transformers backend (`model.backend = "hf"`): how it schedules decoding."""
-
-    # A row leaves the batch as it ends and a waiting prompt takes its slot; false: each chunk of
-    # sampling.batch_size runs to its longest row (one model.generate per chunk).
-    continuous: bool = True
-    # Free slots that let waiting prompts join at once (one prefill each time); 0: a quarter of
-    # sampling.batch_size.
-    refill: int = _f(0, 0, MAX_COUNT)
-    # MiB for finished rows' keys/values, kept so an episode's next turn prefills only its new
-    # tokens (least recently used go first; emptied when the weights change); 0 keeps none.
-    prefix_cache_mb: int = _f(1024, 0, 1_048_576)
-
-
-@dataclass(frozen=True)
 class ModelConfig:
     # A preset name ("micro", "tiny-random", "smollm2-135m"), a local folder, or a hub id.
     path: str = "micro"
@@ -137,7 +122,6 @@ class ModelConfig:
     concurrency: int = _f(16, 1, 1024)
     lora: LoraConfig = field(default_factory=LoraConfig)
     vllm: VllmConfig = field(default_factory=VllmConfig)
-    hf: HfConfig = field(default_factory=HfConfig)
 
 
 @dataclass(frozen=True)

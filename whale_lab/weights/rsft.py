@@ -427,16 +427,23 @@ class RsftPhase(ResumablePhase):
             self.sync.remember()  # what the backend serves until the publish after this update
         window = getattr(self.backend, "training_window", None)
         with window() if examples and callable(window) else contextlib.nullcontext():
-            stats = sft_pass(
-                self.tm.model,
-                self.optimizer,
-                examples,
-                minibatch_size=self.cfg.rsft.minibatch_size,
-                max_grad_norm=self.cfg.rsft.max_grad_norm,
-                pad_id=self.pad_id,
-                params=self.tm.parameters(),
-                seed=seed,
-            )
+            if self.cfg.rsft.launcher == "accelerate":
+                from whale_lab.weights.distributed import DistributedTrainer
+
+                trainer = DistributedTrainer(self.cfg, self.ckpt.root / "dist-job")
+                stats = trainer.pass_(self.tm, self.optimizer, examples, seed=seed)
+            else:
+                stats = sft_pass(
+                    self.tm.model,
+                    self.optimizer,
+                    examples,
+                    minibatch_size=self.cfg.rsft.minibatch_size,
+                    max_grad_norm=self.cfg.rsft.max_grad_norm,
+                    pad_id=self.pad_id,
+                    params=self.tm.parameters(),
+                    seed=seed,
+                    minibatch_unit=self.cfg.rsft.minibatch_unit,
+                )
         self.tm.eval()
         self.last_sft = stats
         if stats.reencoded_turns:

@@ -14,6 +14,8 @@ counts those.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
 import random
 import time
@@ -25,6 +27,7 @@ from whale_lab.trace import EpisodeTrace, TurnRecord
 
 IGNORE_INDEX = -100
 Encode = Callable[[Sequence[dict[str, str]]], Sequence[int]]
+Reduce = Callable[[float], float]  # sums a number over the training processes
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,7 @@ class SftExample:
     labels: tuple[int, ...]
     task_id: str = ""
     reencoded: bool = False  # the target came from re-encoding the response text, not sampled ids
+    trajectory: int = 0  # which accepted trace the turn belongs to (minibatches of trajectories)
 
     @property
     def n_target(self) -> int:
@@ -146,7 +150,7 @@ def build_examples(
     """Every turn of every given (already accepted) trace, as examples."""
     eos = end_token_id(tokenizer) if eos_id is None else eos_id
     out: list[SftExample] = []
-    for trace in traces:
+    for n, trace in enumerate(traces):
         for turn in trace.turns:
             ex = turn_example(
                 turn,
@@ -158,7 +162,7 @@ def build_examples(
                 template_kwargs=template_kwargs,
             )
             if ex is not None:
-                out.append(ex)
+                out.append(dataclasses.replace(ex, trajectory=n) if n else ex)
     return out
 
 
@@ -197,6 +201,12 @@ def collate(examples: Sequence[SftExample], pad_id: int, device: Any = "cpu") ->
     }
 
 
+def _no_sync(model: Any) -> Any:
+    """Gradients kept local for all but a minibatch's last chunk (DDP); a plain model has none."""
+    no_sync = getattr(model, "no_sync", None)
+    return no_sync() if callable(no_sync) else contextlib.nullcontext()
+
+
 def _chunks(batch: list[SftExample], max_tokens: int) -> list[list[SftExample]]:
     """Split a minibatch into forward passes of at most ~max_tokens padded tokens (memory only)."""
     out: list[list[SftExample]] = []
@@ -212,6 +222,25 @@ def _chunks(batch: list[SftExample], max_tokens: int) -> list[list[SftExample]]:
     if cur:
         out.append(cur)
     return out
+
+
+def minibatches(
+    examples: Sequence[SftExample], size: int, unit: str, seed: int
+) -> list[list[SftExample]]:
+    """The pass's minibatches in shuffled order: `size` examples each ("examples"), or every
+    turn of `size` accepted trajectories each ("trajectories", as the paper counts them)."""
+    if unit == "examples":
+        order = list(examples)
+        random.Random(seed).shuffle(order)
+        return [order[i : i + size] for i in range(0, len(order), size)]
+    if unit != "trajectories":
+        raise ValueError(f"unknown minibatch unit {unit!r}")
+    by_traj: dict[int, list[SftExample]] = {}
+    for e in examples:
+        by_traj.setdefault(e.trajectory, []).append(e)
+    keys = sorted(by_traj)
+    random.Random(seed).shuffle(keys)
+    return [[e for k in keys[i : i + size] for e in by_traj[k]] for i in range(0, len(keys), size)]
 
 
 def sum_nll(model: Any, batch: dict[str, Any]) -> tuple[Any, int]:
@@ -247,12 +276,22 @@ def sft_pass(
     max_tokens_per_forward: int = 16384,
     device: Any = None,
     should_stop: Callable[[], bool] | None = None,
+    minibatch_unit: str = "examples",
+    rank: int = 0,
+    world: int = 1,
+    reduce: Reduce | None = None,
+    clip: Callable[[Sequence[Any], float], Any] | None = None,
 ) -> SftStats:
     """One pass over `examples` in shuffled minibatches; one AdamW step per minibatch.
 
     The loss of a minibatch is the mean NLL over its target tokens (token-mean, not
     sequence-mean), so long responses weigh by their length. A minibatch too large for one
     forward is split into chunks whose gradients add up to exactly the same token mean.
+
+    Data parallel (`world` > 1, `model` wrapped by DDP or FSDP): every process builds the same
+    minibatches, takes its share of each (`rank::world`) and scales its loss by `world`, so the
+    gradient the wrapper averages is the single-process token mean of the whole minibatch;
+    `reduce` sums the reported numbers over the processes and `clip` clips the synced gradients.
     """
     import torch
 
@@ -264,8 +303,9 @@ def sft_pass(
         params = [p for p in model.parameters() if p.requires_grad]
     if device is None:
         device = next(iter(params)).device if params else "cpu"
-    order = list(examples)
-    random.Random(seed).shuffle(order)
+    batches = minibatches(examples, minibatch_size, minibatch_unit, seed)
+    total = reduce or (lambda x: x)
+    clip_norm = clip or torch.nn.utils.clip_grad_norm_
     was_training = model.training
     model.train()
     total_nll = 0.0
@@ -275,22 +315,29 @@ def sft_pass(
     skipped = 0
     steps = 0
     try:
-        for start in range(0, len(order), minibatch_size):
+        for mb in batches:
             if should_stop is not None and should_stop():
                 break
-            mb = order[start : start + minibatch_size]
             n_target = sum(e.n_target for e in mb)
             if n_target == 0:
                 continue
             optimizer.zero_grad(set_to_none=True)
             mb_nll = 0.0
-            for chunk in _chunks(mb, max_tokens_per_forward):
-                batch = collate(chunk, pad_id, device)
-                nll, _n = sum_nll(model, batch)
-                (nll / n_target).backward()
+            local = mb[rank::world] if world > 1 else mb
+            chunks = _chunks(local, max_tokens_per_forward)
+            for i, chunk in enumerate(chunks):
+                last = i == len(chunks) - 1
+                with contextlib.nullcontext() if last else _no_sync(model):
+                    batch = collate(chunk, pad_id, device)
+                    nll, _n = sum_nll(model, batch)
+                    (nll / n_target if world == 1 else nll * world / n_target).backward()
                 mb_nll += float(nll.detach())
                 input_tokens += sum(len(e) for e in chunk)
-            norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
+            if not chunks:  # more processes than examples: join the gradient sync with zeros
+                batch = collate(mb[:1], pad_id, device)
+                model(input_ids=batch["input_ids"], use_cache=False).logits.sum().mul(0).backward()
+            mb_nll = total(mb_nll)
+            norm = float(clip_norm(params, max_grad_norm))
             steps += 1
             if not math.isfinite(norm) or not math.isfinite(mb_nll):
                 optimizer.zero_grad(set_to_none=True)
@@ -308,9 +355,9 @@ def sft_pass(
     return SftStats(
         loss=loss,
         tokens=total_tokens,
-        input_tokens=input_tokens,
+        input_tokens=int(total(float(input_tokens))),
         grad_norm=grad,
-        examples=len(order),
+        examples=len(examples),
         minibatches=steps,
         skipped_nonfinite=skipped,
         seconds=time.perf_counter() - t0,
