@@ -1,21 +1,61 @@
-"""SVG snapshots at 80x24 from recorded run folders (no engine, so they are deterministic).
+"""SVG snapshots at 80x24 and 120x40 from recorded run folders (no engine, so deterministic).
 
 Regenerate after an intended change with:
-    pytest tests/tui/test_snapshots.py --snapshot-update
+    pytest tests/tui/test_snapshots.py --snapshot-update -k <the tests that changed>
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.worker import WorkerState
 
 from whale_lab.config import Config
+from whale_lab.tui import pack_render
 from whale_lab.tui.app import WhaleLabApp
+from whale_lab.tui.screens import SteerScreen
+from whale_lab.tui.state import SteerEntry
 
 SIZE = (80, 24)
+WIDE = (120, 40)
+HERE = Path(__file__).resolve().parent
+FIXTURE_RUN = HERE / "fixtures" / "run"
+REVIEW_RUN = HERE / "fixtures" / "review_run"
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run folders are opened by a path relative to the temporary folder, so the header's
+    run path reads the same on every machine."""
+    monkeypatch.chdir(tmp_path)
 
 
 def app_on(run: Path) -> WhaleLabApp:
-    return WhaleLabApp(Config(), run_dir=str(run), replay_only=True)
+    return WhaleLabApp(Config(), run_dir=os.path.relpath(run), replay_only=True)
+
+
+def cut_run(tmp_path: Path, name: str, after: str, nth: int = 1) -> Path:
+    """The recorded run cut after the `nth` event of type `after` (a run caught mid-way)."""
+    dst = tmp_path / name
+    shutil.copytree(FIXTURE_RUN, dst)
+    lines = (FIXTURE_RUN / "events.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    hits = [i for i, line in enumerate(lines) if f'"type": "{after}"' in line]
+    (dst / "events.jsonl").write_text("".join(lines[: hits[nth - 1] + 1]), encoding="utf-8")
+    return dst
+
+
+@pytest.fixture
+def review_run(tmp_path: Path) -> Path:
+    dst = tmp_path / "review_run"
+    shutil.copytree(REVIEW_RUN, dst)
+    return dst
+
+
+# ---------------------------------------------------------------------- the dashboard
 
 
 def test_header_and_rollouts(snap_compare, fixture_run) -> None:
@@ -26,9 +66,109 @@ def test_accuracy(snap_compare, fixture_run) -> None:
     assert snap_compare(app_on(fixture_run), press=["2"], terminal_size=SIZE)
 
 
+def test_accuracy_wide(snap_compare, fixture_run) -> None:
+    assert snap_compare(app_on(fixture_run), press=["2"], terminal_size=WIDE)
+
+
 def test_review_queue(snap_compare, interrupted_run) -> None:
     assert snap_compare(app_on(interrupted_run), press=["3"], terminal_size=SIZE)
 
 
 def test_control_and_probe(snap_compare, fixture_run) -> None:
     assert snap_compare(app_on(fixture_run), press=["4"], terminal_size=SIZE)
+
+
+def test_header_in_a_weight_phase(snap_compare, tmp_path) -> None:
+    run = cut_run(tmp_path, "weight", "weight_step", nth=2)
+    assert snap_compare(app_on(run), terminal_size=WIDE)
+
+
+def test_header_in_a_harness_phase(snap_compare, tmp_path) -> None:
+    run = cut_run(tmp_path, "harness", "candidate_validated", nth=3)
+    assert snap_compare(app_on(run), terminal_size=SIZE)
+
+
+def test_replayed_finished_run(snap_compare, fixture_run) -> None:
+    assert snap_compare(app_on(fixture_run), press=["5"], terminal_size=WIDE)
+
+
+def test_help(snap_compare, fixture_run) -> None:
+    assert snap_compare(app_on(fixture_run), press=["question_mark"], terminal_size=WIDE)
+
+
+def test_quit_confirmation(snap_compare, tmp_path) -> None:
+    run = cut_run(tmp_path, "quit", "weight_step", nth=2)
+    app = app_on(run)
+
+    class Running:  # the engine worker as the quit key sees it: still running mid-phase
+        state = WorkerState.RUNNING
+
+    async def engine_mid_phase(pilot: Any) -> None:
+        app._engine_worker = Running()  # type: ignore[assignment]
+
+    assert snap_compare(app, press=["q"], terminal_size=SIZE, run_before=engine_mid_phase)
+
+
+# ---------------------------------------------------------------------- the review pack
+
+
+def test_review_pack(snap_compare, review_run) -> None:
+    """The README's screenshot."""
+    assert snap_compare(app_on(review_run), press=["3"], terminal_size=WIDE)
+
+
+def test_review_pack_small(snap_compare, review_run) -> None:
+    assert snap_compare(app_on(review_run), press=["3"], terminal_size=SIZE)
+
+
+def test_proposer_transcript(snap_compare, review_run) -> None:
+    assert snap_compare(app_on(review_run), press=["3", "t"], terminal_size=WIDE)
+
+
+async def _focus_pairs(pilot: Any) -> None:
+    await pilot.press("3")
+    await pilot.pause()
+    pilot.app.screen.query_one("#review-pairs").focus()
+
+
+def test_paired_traces(snap_compare, review_run) -> None:
+    assert snap_compare(
+        app_on(review_run), press=["down", "enter"], terminal_size=WIDE, run_before=_focus_pairs
+    )
+
+
+def test_paired_traces_small(snap_compare, review_run) -> None:
+    assert snap_compare(
+        app_on(review_run), press=["enter"], terminal_size=SIZE, run_before=_focus_pairs
+    )
+
+
+def test_steer_note(snap_compare, review_run) -> None:
+    app = app_on(review_run)
+    notes = [
+        SteerEntry(
+            "s0a1b2c3d",
+            "stop after two failed searches",
+            "tui",
+            status="not applicable",
+            cycle=1,
+            iteration=2,
+            proposer="rules",
+            detail="not applicable: the rules proposer does not read notes",
+        ),
+        SteerEntry("s4e5f6a7b", "show the passage titles", "tui"),
+    ]
+
+    async def open_steer(pilot: Any) -> None:
+        await pilot.press("3")
+        history = pack_render.steer_history(notes, {"s9c8d7e6f": "keep answers short"})
+        app.push_screen(
+            SteerScreen(
+                "The LLM proposer gets it in the system message of its next session.", history
+            )
+        )
+        await pilot.pause()
+
+    assert snap_compare(
+        app, press=["t", "i", "t", "l", "e", "s"], terminal_size=WIDE, run_before=open_steer
+    )

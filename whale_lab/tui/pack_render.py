@@ -27,8 +27,9 @@ def _points(v: Any) -> str:
     return f"{100 * float(v):+.1f}" if isinstance(v, (int, float)) else "?"
 
 
-def pack_text(pack: ReviewPack, *, transcript_key: str = "t") -> Text:
-    """The pack's summary lines, above the pair table."""
+def pack_text(pack: ReviewPack, *, transcript_key: str = "t", shown_floor: str = "") -> Text:
+    """The pack's summary lines, above the pair table; the noise floor only when it says more
+    than `shown_floor` (the line the review request carried, shown above it)."""
     t = Text()
     if pack.problem:
         t.append(pack.problem + "\n", style="dim")
@@ -54,11 +55,12 @@ def pack_text(pack: ReviewPack, *, transcript_key: str = "t") -> Text:
             t.append(f"{_points(p.get('diff'))} points {interval} ")
             t.append(f"(95% bootstrap over {p.get('n_tasks', 0)} tasks)\n", style="dim")
     floor = pack.noise_floor
-    t.append("noise floor ", style="dim")
-    if floor.get("note"):
-        t.append(str(floor["note"]) + "\n")
-    else:
+    if not floor.get("note"):
+        t.append("noise floor ", style="dim")
         t.append("not measured (acceptance is not paired, or the phase has not got there)\n")
+    elif str(floor["note"]) != shown_floor:
+        t.append("noise floor ", style="dim")
+        t.append(str(floor["note"]) + "\n")
     t.append("smoke ", style="dim")
     smoke = pack.smoke
     if smoke:

@@ -137,9 +137,15 @@ class ReviewActions(_AppBase):
         pack = self._selected_pack()
         if pack is None or pack.transcript is None:
             return self._refuse("Transcript")
-        where = pack.transcript_path or ""
+        where = pack.transcript_path
+        if where is not None and self.run_root is not None:
+            where = (
+                where.relative_to(self.run_root) if where.is_relative_to(self.run_root) else where
+            )
         self.push_screen(
-            TranscriptScreen(pack.transcript, f" proposer session of {pack.candidate_id} · {where}")
+            TranscriptScreen(
+                pack.transcript, f" proposer session of {pack.candidate_id} · {where or ''}"
+            )
         )
 
     def action_open_pair(self) -> None:

@@ -165,7 +165,8 @@ class HelpScreen(ModalScreen[None]):
             yield table
             yield Label(
                 Text(
-                    "ctrl+p: command palette · Enter on a rollout: open its trace · Escape: close",
+                    "ctrl+p: command palette · Enter on a rollout: its trace · Enter on a paired "
+                    "task (Review): both traces · Escape: close",
                     style="dim",
                 )
             )

@@ -282,7 +282,7 @@ class ReviewPanel(Vertical):
             return
         meta.show(render.review_meta(entry, live=entry.candidate_id in live_ids))
         provider = getattr(self.app, "review_pack", None)
-        self._show_pack(provider(entry) if callable(provider) else None)
+        self._show_pack(provider(entry) if callable(provider) else None, entry.noise_floor)
         if entry.diff.strip():
             diff.show(
                 Syntax(entry.diff, "diff", theme="ansi_dark", word_wrap=True),
@@ -291,12 +291,14 @@ class ReviewPanel(Vertical):
         else:
             diff.show(Text("(no diff recorded)", style="dim"))
 
-    def _show_pack(self, pack: ReviewPack | None) -> None:
+    def _show_pack(self, pack: ReviewPack | None, shown_floor: str = "") -> None:
         self.pack = pack
         key_of = getattr(self.app, "binding_key", None)
         key = key_of("review.transcript") if callable(key_of) else "t"
         self.query_one("#review-pack", TextView).show(
-            pack_render.pack_text(pack, transcript_key=key) if pack is not None else Text("")
+            pack_render.pack_text(pack, transcript_key=key, shown_floor=shown_floor)
+            if pack is not None
+            else Text("")
         )
         pairs = pack.changed if pack is not None else []
         table = self.query_one("#review-pairs", DataTable)
