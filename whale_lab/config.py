@@ -106,6 +106,21 @@ class VllmConfig:
 
 
 @dataclass(frozen=True)
+class HfConfig:
+    """The in-process transformers backend (`model.backend = "hf"`): how it schedules decoding."""
+
+    # A row leaves the batch as it ends and a waiting prompt takes its slot; false: each chunk of
+    # sampling.batch_size runs to its longest row (one model.generate per chunk).
+    continuous: bool = True
+    # Free slots that let waiting prompts join at once (one prefill each time); 0: a quarter of
+    # sampling.batch_size.
+    refill: int = _f(0, 0, MAX_COUNT)
+    # MiB for finished rows' keys/values, kept so an episode's next turn prefills only its new
+    # tokens (least recently used go first; emptied when the weights change); 0 keeps none.
+    prefix_cache_mb: int = _f(1024, 0, 1_048_576)
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     # A preset name ("micro", "tiny-random", "smollm2-135m"), a local folder, or a hub id.
     path: str = "micro"
@@ -122,6 +137,7 @@ class ModelConfig:
     concurrency: int = _f(16, 1, 1024)
     lora: LoraConfig = field(default_factory=LoraConfig)
     vllm: VllmConfig = field(default_factory=VllmConfig)
+    hf: HfConfig = field(default_factory=HfConfig)
 
 
 @dataclass(frozen=True)
@@ -186,6 +202,13 @@ class RsftConfig:
     full_finetune: bool = False
     # Recompute activations in the backward pass: less memory for long replies, ~30% more time.
     gradient_checkpointing: bool = False
+    # What minibatch_size counts: "examples" (one per accepted model turn) or "trajectories"
+    # (every turn of that many accepted rollouts, as the paper's minibatch of 64).
+    minibatch_unit: Literal["examples", "trajectories"] = "examples"
+    # "single": the SFT pass runs in this process; "accelerate": in `processes` data-parallel
+    # processes (DDP for LoRA, FSDP for full fine-tuning on CUDA; DDP over gloo on a CPU).
+    launcher: Literal["single", "accelerate"] = "single"
+    processes: int = _f(2, 1, 1024)
     # Half an epoch keeps evaluation under a quarter of a default cycle's time (with test only at
     # new bests on val), measured with benchmarks/cycle_split.py.
     eval_every: float = _f(0.5, 0.0, MAX_EPOCHS, lo_open=True, doc="fraction of an epoch of the weight split")
