@@ -430,3 +430,15 @@ class TransformersServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def judge_responder(req: Request) -> Reply:
+    """A judge endpoint: CORRECT when a reference answer appears in the predicted answer, as an
+    LLM judge would rule on a paraphrase; other paths get `{}`."""
+    if not (req.path.endswith("/chat/completions") and req.method == "POST"):
+        return Reply(200, {})
+    user = str(((req.json or {}).get("messages") or [{}])[-1].get("content", ""))
+    refs = [line[2:].strip().lower() for line in user.splitlines() if line.startswith("- ")]
+    predicted = user.rsplit("Predicted answer:", 1)[-1].strip().lower()
+    verdict = "CORRECT" if any(r and r in predicted for r in refs) else "INCORRECT"
+    return Reply.ok(verdict, prompt_tokens=40, completion_tokens=1)

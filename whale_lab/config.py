@@ -149,6 +149,21 @@ class SplitSizes:
 
 
 @dataclass(frozen=True)
+class JudgeConfig:
+    """search only: an LLM judge over an OpenAI-compatible endpoint decides the reward; exact
+    match is the fallback when the judge fails and is recorded beside its verdict."""
+
+    enabled: bool = False
+    base_url: str = "http://127.0.0.1:8002/v1"
+    model: str = ""
+    api_key_env: str = "OPENAI_API_KEY"
+    rules: str = ""  # a text file with the judge's rules; empty: the shipped rules
+    request_timeout_s: float = _f(60.0, 0.0, DAY_S, lo_open=True)
+    max_retries: int = _f(2, 0, 20)
+    max_tokens: int = _f(16, 1, 100_000)  # the judge's reply: one word is enough
+
+
+@dataclass(frozen=True)
 class DomainConfig:
     name: Literal["math", "search", "chess"] = "math"
     # "builtin" for the generated data; otherwise a path to a user's file (format by domain).
@@ -162,6 +177,7 @@ class DomainConfig:
     # Seed that draws the tasks and their splits; -1 = run.seed. A comparison fixes it across
     # seeds (the seed then varies sampling and training only), so arms are paired on one task set.
     split_seed: int = _f(-1, -1, INT64_MAX)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,9 @@
 
 The default is the built-in fictional encyclopedia with a BM25 index (built once, on first use);
 a user's corpus JSONL works the same way, and a Search-R1 retrieval server replaces BM25 when
-`domain.retriever_url` is set. The verifier is normalised exact match; token F1 and whether any
-retrieved passage contained the answer are recorded for diagnostics.
+`domain.retriever_url` is set. The verifier is normalised exact match, or with `[domain.judge]`
+an LLM judge with exact match as its fallback (`judge.py`; both verdicts recorded per episode);
+token F1 and whether any retrieved passage contained the answer are recorded for diagnostics.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from whale_lab.domains.actions import normalise_answer_or_tool
 from whale_lab.domains.base import SPLITS, Action, Domain, Env, Split, StepOutcome, Task
 from whale_lab.domains.bm25 import BM25Index
 from whale_lab.domains.encyclopedia import Encyclopedia, Question, default_encyclopedia
+from whale_lab.domains.judge import CORRECT, FALLBACK, INCORRECT, Judge
 from whale_lab.domains.loaders import (
     SPLIT_ORDER,
     DataError,
@@ -137,9 +139,11 @@ def normalise_search_action(raw: Any) -> Action:
 class SearchEnv(Env):
     """One question: searches give observations; the first answer ends the episode."""
 
-    def __init__(self, task: Task, retriever: Retriever) -> None:
+    def __init__(self, task: Task, retriever: Retriever, judge: Judge | None = None) -> None:
         self.task = task
         self.retriever = retriever
+        self.judge = judge
+        self.verdict: str | None = None  # the judge's: correct | incorrect | fallback
         self.golds = _golds(task.answer)
         self.searches = 0
         self.recall = False
@@ -157,11 +161,22 @@ class SearchEnv(Env):
         if action.kind == "answer":
             self.answer = action.value
             self.em, self.f1 = verify_search(action.value, self.golds)
+            correct = self.em
+            info: dict[str, Any] = {"em": self.em, "f1": self.f1, "answer": action.value}
+            if self.judge is not None:
+                said = self.judge.verdict(
+                    str(self.task.fields.get("question", "")),
+                    self.golds,
+                    extract_answer_text(action.value),
+                )
+                self.verdict = FALLBACK if said is None else CORRECT if said else INCORRECT
+                correct = self.em if said is None else said
+                info["judge"] = self.verdict
             return StepOutcome(
                 done=True,
-                reward=1.0 if self.em else 0.0,
+                reward=1.0 if correct else 0.0,
                 stop_reason="answered",
-                info={"em": self.em, "f1": self.f1, "answer": action.value},
+                info=info,
             )
         if action.kind == "tool" and action.tool == "search":
             query = str(action.args.get("query", ""))
@@ -184,6 +199,7 @@ class SearchEnv(Env):
             "searches": self.searches,
             "answered": self.answer is not None,
             "hops": self.task.meta.get("hops"),
+            **({"judge": self.verdict} if self.judge is not None else {}),
         }
 
 
@@ -218,12 +234,15 @@ def _stratified_splits(
 class SearchDomain(Domain):
     name = "search"
 
-    def __init__(self, splits: Mapping[str, list[Task]], retriever: Retriever) -> None:
+    def __init__(
+        self, splits: Mapping[str, list[Task]], retriever: Retriever, judge: Judge | None = None
+    ) -> None:
         missing = [s for s in SPLITS if s not in splits]
         if missing:
             raise ValueError(f"missing splits: {missing}")
         self._splits = {s: list(splits[s]) for s in SPLITS}
         self.retriever = retriever
+        self.judge = judge
 
     @staticmethod
     def builtin_tasks(
@@ -291,7 +310,8 @@ class SearchDomain(Domain):
             splits = cls.builtin_tasks(split_seed(cfg), sizes)
         else:
             splits = cls.file_tasks(source, split_seed(cfg), sizes)
-        return cls(splits, retriever)
+        judge = Judge.from_config(d.judge) if d.judge.enabled else None
+        return cls(splits, retriever, judge)
 
     def tasks(self, split: Split) -> list[Task]:
         if split not in self._splits:
@@ -299,10 +319,12 @@ class SearchDomain(Domain):
         return list(self._splits[split])
 
     def make_env(self, task: Task) -> SearchEnv:
-        return SearchEnv(task, self.retriever)
+        return SearchEnv(task, self.retriever, self.judge)
 
     def normalise_action(self, raw: Any) -> Action:
         return normalise_search_action(raw)
 
     def close(self) -> None:
         self.retriever.close()
+        if self.judge is not None:
+            self.judge.close()

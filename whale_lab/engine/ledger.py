@@ -6,7 +6,9 @@ rollouts (evaluations on val/test, probes) and the proposer's tokens, cost and s
 
 The engine rebuilds the ledger from the things that are persisted anyway (the weight phase's resume
 point, each harness phase archive, its own state), so a run killed at any moment resumes with the
-same numbers. It is written to `<run>/ledger.json` and kept in `state.json`.
+same numbers. It is written to `<run>/ledger.json` and kept in `state.json`. Calls to the search
+domain's LLM judge are counted in the process (`domains/judge.py`) and folded into
+`<run>/judge_usage.json` each time the ledger is written, so they survive a resume too.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from typing import Any
 from whale_lab.store import atomic_write_json, read_json
 
 LEDGER_FILE = "ledger.json"
+JUDGE_FILE = "judge_usage.json"
+JUDGE_KEYS = ("calls", "prompt_tokens", "completion_tokens", "fallbacks", "seconds")
 
 
 @dataclass
@@ -65,6 +69,12 @@ class Ledger:
     proposer_completion_tokens: int = 0
     proposer_cost: float = 0.0
     proposer_seconds: float = 0.0
+    # the search domain's LLM judge (domain.judge): requests answered, tokens, exact-match fallbacks
+    judge_calls: int = 0
+    judge_prompt_tokens: int = 0
+    judge_completion_tokens: int = 0
+    judge_fallbacks: int = 0
+    judge_seconds: float = 0.0
     phases: list[PhaseLedger] = field(default_factory=list)
     probes: list[ProbeLedger] = field(default_factory=list)
 
@@ -99,6 +109,9 @@ class Ledger:
         d["proposer_tokens"] = self.proposer_tokens
         d["training_rollouts"] = self.training_rollouts
         d["total_rollouts"] = self.total_rollouts
+        if not any(d[f"judge_{k}"] for k in JUDGE_KEYS):  # a run without a judge: no judge keys
+            for k in JUDGE_KEYS:
+                del d[f"judge_{k}"]
         return d
 
     @classmethod
@@ -124,7 +137,23 @@ class Ledger:
         ]
         return out
 
+    def fold_judge(self, run_root: str | Path) -> None:
+        """Add the judge usage of this process since the last fold to the run's judge file, and
+        take the run's totals from it."""
+        from whale_lab.domains.judge import METER
+
+        path = Path(run_root) / JUDGE_FILE
+        saved = read_json(path)
+        totals = {k: (saved.get(k, 0) if isinstance(saved, dict) else 0) for k in JUDGE_KEYS}
+        new = METER.take().to_dict()
+        if any(new[k] for k in JUDGE_KEYS):
+            totals = {k: totals[k] + new[k] for k in JUDGE_KEYS}
+            atomic_write_json(path, totals)
+        for k in JUDGE_KEYS:
+            setattr(self, f"judge_{k}", type(getattr(self, f"judge_{k}"))(totals[k]))
+
     def write(self, run_root: str | Path) -> Path:
+        self.fold_judge(run_root)
         path = Path(run_root) / LEDGER_FILE
         atomic_write_json(path, self.to_dict())
         return path
@@ -143,4 +172,10 @@ class Ledger:
             f"{self.proposer_completion_tokens:,} completion tokens, "
             f"${self.proposer_cost:.4f}, {self.proposer_seconds:.1f}s",
         ]
+        if self.judge_calls or self.judge_fallbacks:
+            lines.append(
+                f"judge: {self.judge_calls:,} calls, {self.judge_prompt_tokens:,} prompt + "
+                f"{self.judge_completion_tokens:,} completion tokens, {self.judge_fallbacks:,} "
+                f"fell back to exact match, {self.judge_seconds:.1f}s"
+            )
         return lines
