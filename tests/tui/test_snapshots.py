@@ -6,6 +6,7 @@ Regenerate after an intended change with:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from pathlib import Path
@@ -14,9 +15,10 @@ from typing import Any
 import pytest
 from textual.worker import WorkerState
 
-from whale_lab.config import Config
+from whale_lab.config import Config, RunConfig
 from whale_lab.tui import pack_render
 from whale_lab.tui.app import WhaleLabApp
+from whale_lab.tui.launcher import FirstRunScreen, first_run_text
 from whale_lab.tui.screens import SteerScreen
 from whale_lab.tui.state import SteerEntry
 
@@ -172,3 +174,51 @@ def test_steer_note(snap_compare, review_run) -> None:
     assert snap_compare(
         app, press=["t", "i", "t", "l", "e", "s"], terminal_size=WIDE, run_before=open_steer
     )
+
+
+# ---------------------------------------------------------------------- runs from the app
+
+
+def _runs_folder(tmp_path: Path, *, unfinished: bool) -> Path:
+    runs = tmp_path / "runs"
+    done = runs / "20260101-000000-default"
+    shutil.copytree(FIXTURE_RUN, done)
+    (done / "config.json").write_text("{}", encoding="utf-8")
+    if unfinished:
+        cut = runs / "20260102-000000-default"
+        shutil.copytree(done, cut)
+        lines = (done / "events.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+        (cut / "events.jsonl").write_text("".join(lines[:40]), encoding="utf-8")
+    return runs
+
+
+def _launching_app() -> WhaleLabApp:
+    cfg = dataclasses.replace(Config(), run=RunConfig(directory="runs"))
+    app = WhaleLabApp(cfg, engine_factory=_no_engine)
+    app.offer_runs = True
+    return app
+
+
+def _no_engine(*args: Any) -> Any:  # the dialogs are pictured before any engine starts
+    raise AssertionError("no engine may start before the question is answered")
+
+
+def test_resume_or_new(snap_compare, tmp_path) -> None:
+    _runs_folder(tmp_path, unfinished=True)
+    assert snap_compare(_launching_app(), terminal_size=SIZE)
+
+
+def test_new_run_dialog(snap_compare, tmp_path) -> None:
+    _runs_folder(tmp_path, unfinished=False)
+    assert snap_compare(_launching_app(), terminal_size=SIZE)
+
+
+def test_first_run_panel(snap_compare, tmp_path) -> None:
+    run = cut_run(tmp_path, "first", "run_started")
+    app = app_on(run)
+
+    async def show_panel(pilot: Any) -> None:
+        app.push_screen(FirstRunScreen(first_run_text(Config())))
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=WIDE, run_before=show_panel)

@@ -43,6 +43,7 @@ from whale_lab.tui.engine_worker import (
     describe_error,
 )
 from whale_lab.tui.keys import APP_BINDINGS, KeymapError, effective_keys, validate_keymap
+from whale_lab.tui.launcher import Launcher
 from whale_lab.tui.review_actions import PACK_ACTIONS, ReviewActions
 from whale_lab.tui.review_queue import ReviewQueue
 from whale_lab.tui.screens import ConfirmScreen, HelpScreen, TraceScreen
@@ -88,7 +89,7 @@ TAB_FOCUS = {
 }
 
 
-class WhaleLabApp(ControlActions, ReviewActions, EngineWorker, App[int]):
+class WhaleLabApp(Launcher, ControlActions, ReviewActions, EngineWorker, App[int]):
     """Dashboard for one run: live from the engine, or replayed from a run folder."""
 
     CSS_PATH = "app.tcss"
@@ -202,7 +203,7 @@ class WhaleLabApp(ControlActions, ReviewActions, EngineWorker, App[int]):
         self._q("#rollouts-table", DataTable).focus()
         self.set_interval(self.flush_interval, self._flush_events)
         if not self.replay_only and self.view.finished != "completed":
-            self.start_engine()
+            self.launch()  # the engine, or first the question of which run (`launcher`)
 
     def on_unmount(self) -> None:
         if self._log_handler is not None:
@@ -527,6 +528,7 @@ def run_tui(
             print(f"whale-lab: {exc}", file=sys.stderr)
             return 2
     app = WhaleLabApp(cfg, run_dir=run_dir, replay_only=replay_only, keymap=keymap)
+    app.offer_runs = run_dir is None  # a bare `whale-lab`: resume or start new (`launcher`)
     # a new run's folder is made by the engine: until then the output waits beside it
     early_log = Path(cfg.run.directory) / f".tui-output-{os.getpid()}.log"
     log_path = Path(run_dir) / OUTPUT_LOG if run_dir is not None else early_log

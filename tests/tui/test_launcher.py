@@ -1,0 +1,172 @@
+"""Runs from the app: resume the latest unfinished run or start new, the new-run dialog, and the
+first-run panel."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+from typing import Any
+
+from textual.widgets import RadioButton
+
+from whale_lab.config import Config, RunConfig
+from whale_lab.tui.app import WhaleLabApp
+from whale_lab.tui.launcher import (
+    FirstRunScreen,
+    NewRun,
+    NewRunScreen,
+    StartScreen,
+    find_runs,
+    first_run_text,
+    latest_unfinished,
+)
+
+FIXTURE_RUN = Path(__file__).resolve().parent / "fixtures" / "run"
+SIZE = (100, 32)
+
+
+def _runs(tmp_path: Path, *, unfinished: bool = True) -> Path:
+    """runs/ with the recorded (finished) run and, optionally, a copy cut before its end."""
+    runs = tmp_path / "runs"
+    done = runs / "20260101-000000-done"
+    shutil.copytree(FIXTURE_RUN, done)
+    (done / "config.json").write_text("{}", encoding="utf-8")
+    if unfinished:
+        cut = runs / "20260102-000000-cut"
+        shutil.copytree(done, cut)
+        lines = (done / "events.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+        (cut / "events.jsonl").write_text("".join(lines[:40]), encoding="utf-8")
+    (runs / "not-a-run").mkdir()
+    return runs
+
+
+class Recorder:
+    """An engine factory that records the config and folder it was asked to open."""
+
+    def __init__(self, engines: Any) -> None:
+        self.engines = engines
+        self.calls: list[tuple[Config, str | None]] = []
+
+    def __call__(self, cfg: Config, run_dir: str | None, reviewer: Any, commands: Any) -> Any:
+        self.calls.append((cfg, run_dir))
+        return self.engines(cfg, run_dir, reviewer, commands)
+
+
+def _app(runs: Path, factory: Any) -> WhaleLabApp:
+    cfg = dataclasses.replace(Config(), run=RunConfig(directory=str(runs)))
+    app = WhaleLabApp(cfg, engine_factory=factory, flush_interval=0.05)
+    app.offer_runs = True
+    return app
+
+
+def test_find_runs_tells_finished_from_unfinished(tmp_path: Path) -> None:
+    runs = find_runs(_runs(tmp_path))
+    by_name = {r.path.name: r for r in runs}
+    assert set(by_name) == {"20260101-000000-done", "20260102-000000-cut"}
+    assert by_name["20260101-000000-done"].status == "completed"
+    assert by_name["20260102-000000-cut"].resumable
+    latest = latest_unfinished(runs)
+    assert latest is not None and latest.path.name == "20260102-000000-cut"
+    assert find_runs(tmp_path / "nowhere") == []
+
+
+def test_new_run_choice_becomes_the_config() -> None:
+    cfg = dataclasses.replace(
+        Config(), domain=dataclasses.replace(Config().domain, harness="harnesses/math/x.py")
+    )
+    new = NewRun("search", "harness-only", "auto").apply(cfg)
+    assert (new.domain.name, new.schedule.kind, new.approval.mode) == (
+        "search",
+        "harness-only",
+        "auto",
+    )
+    assert new.domain.harness == ""  # the math harness does not follow to search
+    same = NewRun("math", "whale", "manual").apply(cfg)
+    assert same.domain.harness == "harnesses/math/x.py"
+
+
+def test_first_run_text_says_what_runs_waits_and_skips() -> None:
+    text = first_run_text(Config()).plain
+    assert "baseline evaluation" in text and "weight 0.6 ep, harness 6 it" in text
+    assert "Review tab (3)" in text and "approval.mode = manual" in text
+    assert "s ends the current phase" in text
+    auto = dataclasses.replace(
+        Config(), approval=dataclasses.replace(Config().approval, mode="auto")
+    )
+    assert "nothing: candidates are decided by approval.mode = auto" in first_run_text(auto).plain
+
+
+async def test_resume_the_latest_unfinished_run(tmp_path: Path, make_engines, wait_for) -> None:
+    runs = _runs(tmp_path)
+    factory = Recorder(make_engines())
+    app = _app(runs, factory)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert isinstance(app.screen, StartScreen)
+        assert not factory.calls  # nothing starts before the answer
+        await pilot.press("r")
+        await wait_for(pilot, lambda: bool(factory.calls))
+        assert factory.calls[0][1] == str(runs / "20260102-000000-cut")
+        assert app.view.event_count >= 40  # its history is on screen
+
+
+async def test_start_new_from_the_dialog(tmp_path: Path, make_engines, wait_for) -> None:
+    runs = _runs(tmp_path)
+    factory = Recorder(make_engines())
+    app = _app(runs, factory)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("n")
+        assert isinstance(app.screen, NewRunScreen)
+        for name in ("search", "harness-only", "auto"):
+            button = next(b for b in app.screen.query(RadioButton) if b.name == name)
+            button.value = True
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: bool(factory.calls))
+        cfg, run_dir = factory.calls[0]
+        assert run_dir is None  # a new folder, made by the engine from this config
+        assert (cfg.domain.name, cfg.schedule.kind, cfg.approval.mode) == (
+            "search",
+            "harness-only",
+            "auto",
+        )
+        assert isinstance(app.screen, FirstRunScreen)
+        assert "approval.mode = auto" in str(app.screen.text)
+        await pilot.press("escape")
+        assert not isinstance(app.screen, FirstRunScreen)
+
+
+async def test_escape_from_the_dialog_goes_back_then_quit(tmp_path: Path, make_engines) -> None:
+    factory = Recorder(make_engines())
+    app = _app(_runs(tmp_path), factory)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("n")
+        await pilot.press("escape")
+        assert isinstance(app.screen, StartScreen)
+        await pilot.press("q")
+        await pilot.pause()
+    assert not factory.calls
+
+
+async def test_a_fresh_clone_starts_at_once_with_the_panel(
+    tmp_path: Path, make_engines, wait_for
+) -> None:
+    factory = Recorder(make_engines())
+    app = _app(tmp_path / "runs", factory)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: bool(factory.calls))
+        assert isinstance(app.screen, FirstRunScreen)
+        await pilot.press("enter")
+        assert not isinstance(app.screen, FirstRunScreen)
+
+
+async def test_without_offer_runs_nothing_is_asked(tmp_path: Path, make_engines, wait_for) -> None:
+    runs = _runs(tmp_path)
+    factory = Recorder(make_engines())
+    app = _app(runs, factory)
+    app.offer_runs = False  # a test or `whale-lab tui --run`: no question
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: bool(factory.calls))
+        assert not isinstance(app.screen, (StartScreen, FirstRunScreen))
