@@ -192,3 +192,14 @@ def test_the_padded_path_keeps_nothing(model_and_tok: tuple) -> None:
     assert _turns(padded, GREEDY, 2) == _turns(_backend(model_and_tok), GREEDY, 2)
     assert len(padded.prefix_cache) == 0
     assert dataclasses.asdict(padded.prefix_cache.stats)["hits"] == 0
+
+
+def test_a_call_made_while_another_runs_keeps_nothing(model_and_tok: tuple) -> None:
+    kept = _backend(model_and_tok)
+    cold = _backend(model_and_tok, prefix_cache_mb=0)
+    kept.generate(FIRST, GREEDY)
+    rows = len(kept.prefix_cache)
+    with kept._prefix_lock:  # as if another thread were generating
+        second = [_next_turn(p, "x") for p in FIRST]
+        assert kept.generate(second, GREEDY) == cold.generate(second, GREEDY)
+    assert len(kept.prefix_cache) == rows and kept.prefix_cache.stats.lookups == 3

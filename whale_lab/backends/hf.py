@@ -1,7 +1,9 @@
 """In-process generation with a transformers model: the default backend, and the one RSFT trains.
 
 The backend holds the very model object that the weight phase updates in place, so every call reads
-the current weights: nothing derived from the weights is cached between calls. Prompts are rendered
+the current weights. The one thing derived from them kept between calls is finished rows'
+keys/values (`hf_prefix_cache`, so an episode's next turn prefills only its new tokens), checked
+against a fingerprint of the weights at every call and emptied when they changed. Prompts are rendered
 with the tokenizer's chat template and decoded with continuous batching (`hf_batching`): at most
 `batch_size` rows in flight, a row leaving as soon as it ends (EOS, stop string, its own token
 budget) and a waiting prompt taking its place, so replies of ragged length waste no decode steps.
@@ -21,6 +23,7 @@ it is meant for short probes). `decode_stats` counts how full the decode steps w
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +42,8 @@ from whale_lab.backends.base import (
 from whale_lab.backends.hf_batching import DecodeStats
 from whale_lab.backends.hf_prefix_cache import PrefixCache
 
-# Memory for the keys/values kept between turns (the micro model's 128 chess episodes need ~300).
+# Memory for the keys/values kept between turns: the micro model's 128 chess episodes keep ~130
+# MiB (2 KiB a token in float32); a model with 20x the per-token cache needs 20x for the same.
 PREFIX_CACHE_MB = 1024
 
 if TYPE_CHECKING:
@@ -90,6 +94,7 @@ class HFBackend:
         self.decode_stats = DecodeStats()
         # Finished rows' keys/values, so an episode's next turn prefills only its new tokens.
         self.prefix_cache = PrefixCache(prefix_cache_mb * 2**20)
+        self._prefix_lock = threading.Lock()  # a call made while another runs keeps nothing
         # Template variables (sampling.chat_template_kwargs, e.g. enable_thinking) in every render.
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         if device is not None:
@@ -247,10 +252,12 @@ class HFBackend:
             for i in todo
         ]
         width = min(self.batch_size, len(requests))
-        kept = self.prefix_cache if self.prefix_cache.enabled else None
-        if kept is not None:
-            kept.validate(self.model)
+        kept = None
+        if self.prefix_cache.enabled and self._prefix_lock.acquire(blocking=False):
+            kept = self.prefix_cache
         try:
+            if kept is not None:
+                kept.validate(self.model)
             generate_refill(
                 self.model,
                 requests,
@@ -266,10 +273,16 @@ class HFBackend:
             )
         except getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError) as exc:
             longest = max(len(r.prompt) for r in requests)
+            if kept is not None:  # frees what it holds for the retry
+                kept.clear()
             raise BackendError(
                 f"out of memory generating {len(requests)} prompts of up to {longest} tokens; "
-                f"lower sampling.batch_size (now {self.batch_size}): {exc}"
+                f"lower sampling.batch_size (now {self.batch_size}) or model.hf.prefix_cache_mb "
+                f"(now {self.prefix_cache.max_bytes // 2**20}): {exc}"
             ) from None
+        finally:
+            if kept is not None:
+                self._prefix_lock.release()
         eos_set = set(eos_ids)
         return [
             self._finish(
