@@ -10,13 +10,14 @@ settings, the context limit and the wave size from the config, so no caller thre
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from whale_lab.config import Config, SandboxConfig
-from whale_lab.events import EpisodeFinished, Event
+from whale_lab.events import ActivityProgress, EpisodeFinished, Event
 from whale_lab.store import JsonlWriter, RunStore
 from whale_lab.trace import EpisodeTrace, scrub_trace
 
@@ -121,6 +122,63 @@ class EpisodeSink:
             self.writer.close()
 
 
+class ProgressSink:
+    """An episode sink that also reports how far its scoring has come (`ActivityProgress`).
+
+    Reports at the start, then at most every `interval` seconds, and at the end: a few events
+    a second at most, however fast the episodes finish.
+    """
+
+    def __init__(
+        self,
+        sink: EpisodeSink,
+        emit: Emit,
+        activity: str,
+        label: str,
+        total: int,
+        interval: float = 0.5,
+    ) -> None:
+        self.sink, self.emit = sink, emit
+        self.activity, self.label, self.total = activity, label, total
+        self.interval = interval
+        self.done = self.tokens = 0
+        self.t0 = time.monotonic()
+        self._last = self.t0
+        self._report()
+
+    def _report(self) -> None:
+        self.emit(
+            ActivityProgress(
+                activity=self.activity,
+                label=self.label,
+                done=self.done,
+                total=self.total,
+                tokens=self.tokens,
+                seconds=round(time.monotonic() - self.t0, 3),
+            )
+        )
+
+    def __call__(self, trace: EpisodeTrace) -> None:
+        self.sink(trace)
+        self.done += 1
+        self.tokens += trace.prompt_tokens + trace.completion_tokens
+        now = time.monotonic()
+        if self.done >= self.total or now - self._last >= self.interval:
+            self._last = now
+            self._report()
+
+
+def with_progress(
+    on_episode: Callable[[EpisodeTrace], None] | None, label: str, total: int
+) -> Callable[[EpisodeTrace], None] | None:
+    """`on_episode` reporting its progress where it is a run's episode sink (evaluations and
+    candidate scoring); anything else is returned as it is."""
+    if not isinstance(on_episode, EpisodeSink) or on_episode.emit is None or total <= 0:
+        return on_episode
+    activity = "eval" if on_episode.phase == "eval" else "scoring"
+    return ProgressSink(on_episode, on_episode.emit, activity, label or on_episode.harness, total)
+
+
 @dataclass(frozen=True)
 class Evaluator:
     """Runs and scores episodes with the run's sandbox, context limit and wave size bound once."""
@@ -159,9 +217,13 @@ class Evaluator:
         on_episode: Callable[[EpisodeTrace], None] | None = None,
         should_stop: Callable[[], bool] | None = None,
         host: Any = None,
+        label: str = "",
     ) -> EvalReport:
-        """k rollouts per task under one harness, in waves; see `evaluate.score_harness`."""
+        """k rollouts per task under one harness, in waves; see `evaluate.score_harness`.
+        A run's episode sink also reports progress, named `label` (the split) or the harness."""
         from whale_lab.evaluate import score_harness
+
+        on_episode = with_progress(on_episode, label, len(tasks) * k)
 
         return score_harness(
             self.domain,
@@ -215,6 +277,7 @@ class Evaluator:
                     on_episode=sink(split) if sink is not None else None,
                     should_stop=should_stop,
                     host=host,
+                    label=split,
                 )
                 reports[split] = report
                 if report.rollouts < len(tasks) * k:

@@ -71,6 +71,10 @@ class RunStarted(Event):
     harness: str
     config: dict[str, Any] = field(default_factory=dict)
     resumed: bool = False
+    # the phase plan ({"cycle", "kind", "budget", "unit"} each) and where the base harness came
+    # from (relative to the working directory where it can be)
+    plan: tuple[dict[str, Any], ...] = ()
+    harness_source: str = ""
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,8 @@ class PhaseStarted(Event):
     budget: float  # epochs for weight, iterations for harness
     budget_unit: str  # "epochs" | "iterations" | "tasks"
     harness: str = ""
+    steps: int = 0  # weight phases: the optimiser steps the budget makes (0 where unknown)
+    start_step: int = 0  # weight phases: the run's step count when the phase began
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,33 @@ class PhaseEnded(Event):
     reason: str  # "budget" | "patience" | "switch" | "stop"
     weight_rollouts: int = 0
     harness_rollouts: int = 0
+
+
+@dataclass(frozen=True)
+class ActivityProgress(Event):
+    """How far the scoring under way has come: an evaluation split or a candidate's rollouts.
+
+    Emitted when it begins, then at most twice a second, and when it ends, so a long
+    evaluation shows its progress without filling events.jsonl.
+    """
+
+    type: ClassVar[str] = "activity_progress"
+    activity: str  # "eval" | "scoring"
+    label: str  # the split ("val") or the candidate ("c1-i2-a")
+    done: int
+    total: int
+    tokens: int = 0  # of the episodes finished so far
+    seconds: float = 0.0  # since it began
+
+
+@dataclass(frozen=True)
+class CommandApplied(Event):
+    """A command took effect: the engine paused at a safe point, resumed, or ended a phase on a
+    switch. `CommandReceived` says when it arrived; this says when it acted."""
+
+    type: ClassVar[str] = "command_applied"
+    command: str  # "pause" | "resume" | "switch"
+    detail: str = ""
 
 
 @dataclass(frozen=True)

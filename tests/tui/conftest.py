@@ -20,6 +20,7 @@ import pytest
 
 from whale_lab.config import Config
 from whale_lab.events import (
+    CommandApplied,
     CommandReceived,
     EpisodeFinished,
     Event,
@@ -52,8 +53,10 @@ class ReplayEngine:
         hold_after: int | None = None,
         ignore_stop: threading.Event | None = None,
         fail_after: int | None = None,
+        hold_outside_phase: bool = False,
     ) -> None:
         self.events = events
+        self.hold_outside_phase = hold_outside_phase
         self.store = store
         self.reviewer = reviewer
         self.commands = commands
@@ -72,8 +75,12 @@ class ReplayEngine:
         self.store.emit(CommandReceived(command=cmd.kind, by=cmd.by, reason=cmd.reason))
         if cmd.kind == "pause":
             self.paused = True
+            self.store.emit(CommandApplied(command="pause", detail="paused at a safe point"))
         elif cmd.kind == "resume":
             self.paused = False
+            self.store.emit(CommandApplied(command="resume", detail="resumed"))
+        elif cmd.kind == "switch":
+            self.store.emit(CommandApplied(command="switch", detail="the phase ended"))
         elif cmd.kind == "probe":
             self.store.emit(
                 ProbeResult(
@@ -145,7 +152,7 @@ class ReplayEngine:
                     )
                 )
             if self.hold_after is not None and n + 1 == self.hold_after:
-                assert phase is not None, "hold inside a phase"
+                assert phase is not None or self.hold_outside_phase, "hold inside a phase"
                 self.holding.set()
                 while not self.release.is_set():
                     if self._poll():

@@ -26,6 +26,8 @@ FLAGS = (
     "view_stopping",
     "view_paused",
     "pause_sent",
+    "pause_applied",
+    "switch_sent",
     "phase_active",
     "probe_running",
     "probe_sent",
@@ -50,7 +52,13 @@ def legacy_applies(name: str, c: ControlInputs) -> bool:
     if name == "resume":
         return (running and paused and not stopping) or c.can_resume_run
     if name == "switch":
-        return running and not stopping and c.phase_active and c.phase in ("weight", "harness")
+        return (
+            running
+            and not stopping
+            and c.phase_active
+            and c.phase in ("weight", "harness")
+            and not c.switch_sent  # a switch sent and not yet acted on is not sent twice
+        )
     if name == "probe":
         return running and not stopping and not c.probe_running and not c.probe_sent
     if name == "stop":
@@ -63,6 +71,8 @@ def legacy_why_not(action: str, c: ControlInputs) -> str:
         return "no engine is running" if action != "resume" else "nothing to resume"
     if c.stop_requested or c.view_stopping:
         return "the engine is stopping"
+    if action == "switch" and c.switch_sent:
+        return "a switch is already requested"
     return {
         "pause": "already paused",
         "resume": "not paused",
@@ -106,6 +116,7 @@ def test_the_engine_rules_decide_while_an_engine_runs() -> None:
         ({}, {"pause", "switch", "probe", "stop"}),
         ({"pause_sent": True}, {"resume", "switch", "probe", "stop"}),
         ({"probe_sent": True}, {"pause", "switch", "stop"}),
+        ({"switch_sent": True}, {"pause", "probe", "stop"}),
         ({"stop_requested": True}, set()),
         ({"exiting": True}, set()),
     ],
@@ -126,6 +137,8 @@ def test_the_state_handed_to_the_engine_rules() -> None:
         view_stopping=False,
         view_paused=False,
         pause_sent=True,
+        pause_applied=False,
+        switch_sent=False,
         phase_active=True,
         phase="weight",
         probe_running=False,

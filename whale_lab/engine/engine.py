@@ -300,6 +300,11 @@ class Engine:
                 harness=self.book.state.harness,
                 config=self.cfg.to_dict(),
                 resumed=resumed,
+                plan=tuple(
+                    {"cycle": p.cycle, "kind": p.kind, "budget": p.budget, "unit": p.unit}
+                    for p in self.plan
+                ),
+                harness_source=_from_cwd(self.book.state.base_harness_source),
             )
         )
         conf = confine.detect()  # recorded in every session of the run: confined or not
@@ -342,6 +347,7 @@ class Engine:
             self._log(
                 "plan: "
                 + ", ".join(f"c{p.cycle} {p.kind} {p.budget:g} {p.unit}" for p in self.plan)
+                + _final_weight_note(self.plan)
             )
         points.set("running")
         evaluation = EvaluationPoints(self.ctx, self.book, points)
@@ -459,3 +465,25 @@ class Engine:
             f"{', '.join(pending) or 'a candidate'} awaits review; resume "
             f"with `whale-lab resume {self.root}`",
         )
+
+
+def _final_weight_note(plan: list[PhaseSpec]) -> str:
+    """Why an alternating plan lists one weight phase past its last cycle."""
+    cycles = max((p.cycle for p in plan if p.kind == "harness"), default=0)
+    last = plan[-1] if plan else None
+    if last is None or last.kind != "weight" or not cycles or last.cycle <= cycles:
+        return ""
+    return (
+        f" (the run ends on a weight phase: the harness chosen in cycle {cycles} is trained "
+        "under once more before the final evaluation)"
+    )
+
+
+def _from_cwd(path: str) -> str:
+    """`path` relative to the working directory where it lies below it, else as it is."""
+    if not path:
+        return ""
+    try:
+        return Path(path).resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except (OSError, ValueError):
+        return path

@@ -16,7 +16,7 @@ from whale_lab.engine.runbook import RunBook
 from whale_lab.engine.safepoints import SafePoints
 from whale_lab.engine.schedules import AdaptiveHarnessStop, AdaptiveWeightStop, PhaseSpec
 from whale_lab.engine.state import PhaseRecord
-from whale_lab.events import Log, PhaseEnded, PhaseStarted, WeightStep
+from whale_lab.events import CommandApplied, Log, PhaseEnded, PhaseStarted, WeightStep
 from whale_lab.seams import Reviewer
 from whale_lab.store import RunStore
 
@@ -93,6 +93,9 @@ class PhaseRunner:
         self.cycle, self.kind = spec.cycle, spec.kind
         self.reopened = rec.status == "ending"
         if rec.status == "running":
+            steps = 0
+            if spec.kind == "weight":
+                steps = int(self.weights().steps_for(self._weight_budget(i, spec, self.weights())))
             self.ctx.emit(
                 PhaseStarted(
                     cycle=spec.cycle,
@@ -100,6 +103,8 @@ class PhaseRunner:
                     budget=float(spec.budget),
                     budget_unit=spec.unit,
                     harness=str(rec.incoming),
+                    steps=steps,
+                    start_step=int(rec.start_step or 0) if spec.kind == "weight" else 0,
                 )
             )
         return rec
@@ -118,6 +123,9 @@ class PhaseRunner:
         self.book.state.switches.append(entry)
         why = f": {entry['reason']}" if entry["reason"] else ""
         self._log(f"cycle {rec.cycle} {rec.kind} phase ended by a switch from {entry['by']}{why}")
+        self.ctx.emit(
+            CommandApplied(command="switch", detail=f"cycle {rec.cycle} {rec.kind} phase ended")
+        )
 
     def _ended(self, spec: PhaseSpec, rec: PhaseRecord) -> None:
         if not (self.reopened and self._end_logged(spec)):

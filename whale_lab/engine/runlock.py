@@ -22,6 +22,18 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def holder(root: Path) -> int | None:
+    """The live process other than this one that holds the folder open, if any."""
+    data = read_json(root / LOCK_FILE, None)
+    if not isinstance(data, dict):
+        return None
+    try:
+        pid = int(data.get("pid", -1))
+    except (TypeError, ValueError):
+        return None
+    return pid if pid > 0 and pid != os.getpid() and _pid_alive(pid) else None
+
+
 def acquire(root: Path) -> None:
     """Take the folder's lock, or fail naming the process that holds it (a dead one's is taken)."""
     path = root / LOCK_FILE
@@ -29,9 +41,7 @@ def acquire(root: Path) -> None:
     if isinstance(data, dict):
         pid = int(data.get("pid", -1))
         if pid != os.getpid() and pid > 0 and _pid_alive(pid):
-            raise EngineError(
-                f"run {root} is already open in process {pid}; close it there first"
-            )
+            raise EngineError(f"run {root} is already open in process {pid}; close it there first")
     atomic_write_json(path, {"pid": os.getpid(), "since": time.time()})
 
 

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from whale_lab.events import CommandReceived, Event, Log, SteerNoted
+from whale_lab.events import CommandApplied, CommandReceived, Event, Log, SteerNoted
 from whale_lab.seams import Command, CommandChannel
 
 COMMANDS = ("pause", "resume", "switch", "probe", "stop")
@@ -177,6 +177,7 @@ class SafePoints:
         before = self.state_name
         self.set("paused")
         self._log("paused at a safe point")
+        self.emit(CommandApplied(command="pause", detail="paused at a safe point"))
         while self.paused and not self.stop_requested():
             if wake_for_work and (self.switch is not None or self.probe_request is not None):
                 break
@@ -184,6 +185,7 @@ class SafePoints:
             self.poll()
         if not self.paused and not self.stop_requested():
             self._log("resumed")
+            self.emit(CommandApplied(command="resume", detail="resumed"))
         self.set(before if before != "paused" else "running")
 
     # ------------------------------------------------------------------ the phases' hooks

@@ -11,6 +11,7 @@ peft or vllm: the engine is imported inside the worker.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import sys
@@ -29,7 +30,8 @@ from textual.widgets import DataTable, Footer, OptionList, TabbedContent, TabPan
 from textual.worker import Worker
 
 from whale_lab.config import Config
-from whale_lab.events import Event
+from whale_lab.engine.runlock import holder as run_holder
+from whale_lab.events import Event, event_from_dict
 from whale_lab.quiet import quiet_libraries
 from whale_lab.reviewers import ThreadReviewer
 from whale_lab.seams import Command, CommandChannel
@@ -131,6 +133,9 @@ class WhaleLabApp(Launcher, ControlActions, ReviewActions, EngineWorker, App[int
         self._exiting = False
         self._pause_sent = False
         self._probe_sent = False
+        self._switch_sent = False
+        self.read_only_pid: int | None = None  # another process holds the run: we only watch
+        self._tail_offset = 0
         self._last_status = 0.0
         self._log_handler: CallbackLogHandler | None = None
         self._main_screen: Screen[Any] | None = None
@@ -199,11 +204,58 @@ class WhaleLabApp(Launcher, ControlActions, ReviewActions, EngineWorker, App[int
                 history = []
                 self.replay_only = True
             self.view.apply_all(history)
+            self._open_read_only_if_held()
         self._refresh_all()
         self._q("#rollouts-table", DataTable).focus()
         self.set_interval(self.flush_interval, self._flush_events)
         if not self.replay_only and self.view.finished != "completed":
             self.launch()  # the engine, or first the question of which run (`launcher`)
+
+    def _open_read_only_if_held(self) -> None:
+        """A run another process has open is shown read-only, following what it writes."""
+        assert self.run_dir is not None
+        pid = run_holder(Path(self.run_dir))
+        if pid is None or self.view.finished == "completed":
+            return
+        self.read_only_pid, self.replay_only = pid, True
+        try:
+            self._tail_offset = (Path(self.run_dir) / "events.jsonl").stat().st_size
+        except OSError:
+            self._tail_offset = 0
+        message = f"This run is open in process {pid}: shown read-only, following its events."
+        self._notice("warning", message)
+        self.notify(message, title="read-only", markup=False, timeout=10)
+        self.set_interval(1.0, self._follow_holder)
+
+    def _follow_holder(self) -> None:
+        """New events the holding process wrote; when it lets go, say that the run is free."""
+        if self.read_only_pid is None or self.run_dir is None:
+            return
+        try:
+            with open(Path(self.run_dir) / "events.jsonl", "rb") as fh:
+                fh.seek(self._tail_offset)
+                data = fh.read()
+        except OSError:
+            data = b""
+        end = data.rfind(b"\n")
+        if end >= 0:
+            self._tail_offset += end + 1
+            for line in data[:end].splitlines():
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                ev = event_from_dict(rec) if isinstance(rec, dict) else None
+                if ev is not None:
+                    self._inbox.append(ev)
+        if run_holder(Path(self.run_dir)) is None:
+            pid, self.read_only_pid = self.read_only_pid, None
+            self.notify(
+                f"Process {pid} closed this run; resume (g) continues it here.",
+                title="read-only",
+                markup=False,
+            )
+            self._refresh({"status", "control"})
 
     def on_unmount(self) -> None:
         if self._log_handler is not None:
@@ -275,6 +327,7 @@ class WhaleLabApp(Launcher, ControlActions, ReviewActions, EngineWorker, App[int
                     self._dirty.add(area)
         if "status" in changed:
             self._last_status = time.monotonic()
+            self.view.activity.live = self.engine_running
             self._q(StatusPanel).update_view(
                 self.view,
                 state=self.display_state(),
@@ -314,10 +367,19 @@ class WhaleLabApp(Launcher, ControlActions, ReviewActions, EngineWorker, App[int
     def _fallback(self) -> dict[str, str]:
         return {
             "run": self.run_root.name if self.run_root else "",
+            "path": shown_path(self.run_root) if self.run_root else "",
+            "note": self._status_note(),
             "model": self.cfg.model.path,
             "domain": self.cfg.domain.name,
             "schedule": self.cfg.schedule.kind,
         }
+
+    def _status_note(self) -> str:
+        if self.read_only_pid is not None:
+            return f"read-only: open in process {self.read_only_pid}"
+        if self._switch_sent and self.engine_running:
+            return "switch requested"
+        return ""
 
     def _elapsed(self) -> float:
         if self.engine_running and self.view.segment_start is not None:
@@ -449,14 +511,14 @@ class WhaleLabApp(Launcher, ControlActions, ReviewActions, EngineWorker, App[int
         self.push_screen(HelpScreen(rows))
 
     async def action_quit(self) -> None:
-        """Ask first when a phase is mid-way; then stop the engine at a safe point and leave."""
+        """Ask first whenever work would be cut; then stop the engine at a safe point and leave."""
         if self._exiting:
             self.force_exit()
             return
-        if self.engine_running and (self.view.phase_active or self.reviews.live_ids):
+        if self.engine_running and self.display_state() in ("running", "pausing", "paused"):
             question = (
-                f"A {self.view.phase or 'run'} phase is mid-way. Stop the engine at the next "
-                "safe point and quit? The run folder can be resumed later."
+                f"{self._work_under_way()} Stop the engine at the next safe point and quit? "
+                "The run folder can be resumed later."
             )
 
             def answered(yes: bool | None) -> None:
@@ -466,6 +528,17 @@ class WhaleLabApp(Launcher, ControlActions, ReviewActions, EngineWorker, App[int
             self.push_screen(ConfirmScreen(question), answered)
             return
         self.begin_shutdown()
+
+    def _work_under_way(self) -> str:
+        """What quitting now would cut, in one sentence."""
+        act = self.view.activity.activity
+        if act is not None:
+            return f"The engine is busy ({act.text()})."
+        if self.view.phase_active:
+            return f"A {self.view.phase} phase is mid-way."
+        if self.reviews.live_ids:
+            return "A candidate awaits your review."
+        return "The engine is running."
 
     # ------------------------------------------------------------------ actions: rollouts
 
@@ -553,4 +626,18 @@ def run_tui(
         loop.close()
     if app.engine_error:
         print(f"whale-lab: the engine stopped with an error: {app.engine_error}", file=sys.stderr)
+    elif app._engine_started and app.run_root is not None and app.view.finished != "completed":
+        print(
+            "whale-lab: the run stopped at a safe point; continue it with "
+            f"`whale-lab resume {shown_path(app.run_root)}`",
+            file=sys.stderr,
+        )
     return int(code or 0)
+
+
+def shown_path(path: Path) -> str:
+    """A run folder as a user would type it: relative to the working directory when inside it."""
+    try:
+        return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except (OSError, ValueError):
+        return str(path)

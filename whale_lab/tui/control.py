@@ -46,6 +46,8 @@ class ControlInputs:
     view_stopping: bool  # the event stream acknowledged a stop
     view_paused: bool  # the event stream says paused
     pause_sent: bool  # a pause was sent and no resume or stop acknowledged since
+    pause_applied: bool  # the engine says it paused (CommandApplied), no resume or stop since
+    switch_sent: bool  # a switch was sent and the engine has not acted on it yet
     phase_active: bool
     phase: str
     probe_running: bool  # the event stream acknowledged a probe, no result yet
@@ -60,6 +62,11 @@ class ControlInputs:
     def paused(self) -> bool:
         return self.view_paused or self.pause_sent
 
+    @property
+    def pausing(self) -> bool:
+        """A pause was asked for and the engine has not reached a safe point to take it."""
+        return self.paused and not self.pause_applied
+
     def control_state(self) -> ControlState:
         """The engine's view of the command state, as far as the TUI can tell."""
         return ControlState(
@@ -67,8 +74,7 @@ class ControlInputs:
             paused=self.paused,
             stopping=self.stopping,
             phase_active=self.phase_active,
-            # the TUI does not track a switch it sent; the engine ignores a second one
-            switch_pending=False,
+            switch_pending=self.switch_sent,
             probing=self.probe_running,
             probe_pending=self.probe_sent,
         )
@@ -97,6 +103,8 @@ def refusal_reason(action: str, c: ControlInputs) -> str:
     if action == "probe":
         return "a probe is already running"
     if action == "switch":
+        if c.switch_sent:
+            return "a switch is already requested"
         return "no weight or harness phase is running"
     return "not in this state"
 
@@ -112,7 +120,9 @@ class ControlActions(_AppBase):
     _exiting: bool
     _pause_sent: bool
     _probe_sent: bool
+    _switch_sent: bool
     _starts_at_launch: int
+    read_only_pid: int | None
 
     if TYPE_CHECKING:
 
@@ -139,6 +149,8 @@ class ControlActions(_AppBase):
             view_stopping=self.view.stopping,
             view_paused=self.view.paused,
             pause_sent=self._pause_sent,
+            pause_applied=self.view.activity.paused,
+            switch_sent=self._switch_sent,
             phase_active=self.view.phase_active,
             phase=self.view.phase,
             probe_running=self.view.probe_running,
@@ -152,6 +164,7 @@ class ControlActions(_AppBase):
     def can_resume_run(self) -> bool:
         return (
             not self.engine_running
+            and self.read_only_pid is None
             and not self._exiting
             and self.run_root is not None
             and self.view.event_count > 0
@@ -160,7 +173,7 @@ class ControlActions(_AppBase):
 
     def _forget_sent(self) -> None:
         """A fresh engine has seen none of the commands sent to the last one."""
-        self._pause_sent = self._probe_sent = False
+        self._pause_sent = self._probe_sent = self._switch_sent = False
 
     def _control_events(self, batch: Iterable[Event]) -> None:
         """Acknowledgements in the event stream settle the commands sent from here."""
@@ -176,6 +189,24 @@ class ControlActions(_AppBase):
                 )
             if kind == "command_received" and getattr(ev, "command", "") in ("resume", "stop"):
                 self._pause_sent = False
+            if kind == "command_received" and getattr(ev, "command", "") == "stop":
+                self._switch_sent = False
+            if kind == "phase_ended":
+                self._switch_sent = False
+            if kind == "command_applied":
+                self._command_applied(
+                    str(getattr(ev, "command", "")), str(getattr(ev, "detail", ""))
+                )
+
+    def _command_applied(self, command: str, detail: str) -> None:
+        """The engine acted on a command: say so, and stop showing it as pending."""
+        if command == "switch":
+            self._switch_sent = False
+            self.notify(f"Switched: {detail}.", title="switch", markup=False)
+        elif command == "pause" and not self._exiting:
+            self.notify("Paused at a safe point. Resume with g.", title="pause", markup=False)
+        elif command == "resume" and not self._exiting:
+            self.notify("Resumed.", title="pause", markup=False, timeout=3)
 
     def display_state(self) -> str:
         """The header badge: live engine state, or what the run folder says."""
@@ -183,6 +214,8 @@ class ControlActions(_AppBase):
             c = self.control_inputs()
             if c.stopping:
                 return "stopping"
+            if c.pausing:
+                return "pausing"
             if c.paused:
                 return "paused"
             if self.view.starts == self._starts_at_launch:
@@ -190,6 +223,8 @@ class ControlActions(_AppBase):
             return self.view.finished or "running"
         if self.engine_error:
             return "failed"
+        if self.read_only_pid is not None:
+            return "read-only"
         if self.view.finished:
             return self.view.finished
         return "replay" if self.view.event_count else "waiting"
@@ -198,12 +233,23 @@ class ControlActions(_AppBase):
         t = Text()
         state = self.display_state()
         t.append(f" {state.upper()} ", style=f"reverse {render.STATE_STYLE.get(state, 'bold')}")
-        if self.engine_running:
+        c = self.control_inputs()
+        if self.engine_running and c.stopping:
+            t.append("  stop requested: the engine stops at its next safe point", style="dim")
+        elif self.engine_running and c.pausing:
+            t.append("  pause requested: the engine pauses at its next safe point", style="dim")
+        elif self.engine_running and c.paused:
+            t.append("  the engine is paused at a safe point; resume (g) goes on", style="dim")
+        elif self.engine_running:
             t.append("  engine running in the background", style="dim")
+        elif self.read_only_pid is not None:
+            t.append(f"  read-only: this run is open in process {self.read_only_pid}", style="dim")
         elif self.can_resume_run():
             t.append("  no engine: resume (g) continues this run from its folder", style="dim")
         else:
             t.append("  no engine attached", style="dim")
+        if self._switch_sent:
+            t.append("\nswitch requested: the phase ends at its next safe point", style="yellow")
         if self.engine_error:
             t.append(f"\nlast error: {self.engine_error}", style="red")
         if self.view.commands:
@@ -221,6 +267,9 @@ class ControlActions(_AppBase):
             return self._refuse("Pause")
         self._pause_sent = True
         self._send("pause")
+        self.notify(
+            "Pause requested: the engine pauses at its next safe point.", markup=False, timeout=3
+        )
         self._refresh({"status", "control"})
 
     def action_resume(self) -> None:
@@ -237,8 +286,13 @@ class ControlActions(_AppBase):
     def action_switch(self) -> None:
         if not self.action_applies("switch"):
             return self._refuse("Switch phase")
+        self._switch_sent = True
         self._send("switch", reason=f"end the {self.view.phase} phase now")
-        self._refresh({"control"})
+        self.notify(
+            f"Switch requested: the {self.view.phase} phase ends at its next safe point.",
+            markup=False,
+        )
+        self._refresh({"status", "control"})
 
     def action_probe(self) -> None:
         if not self.action_applies("probe"):

@@ -7,6 +7,7 @@ Everything that may contain model output, harness code or user text goes through
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from rich.text import Text
@@ -26,6 +27,8 @@ STATE_STYLE = {
     "starting": "bold yellow",
     "running": "bold green",
     "paused": "bold yellow",
+    "pausing": "yellow",
+    "read-only": "bold blue",
     "stopping": "bold red",
     "completed": "bold cyan",
     "stopped": "bold yellow",
@@ -78,7 +81,7 @@ def status_line(view: RunView, *, state: str, fallback: dict[str, str]) -> Text:
     t = Text(no_wrap=True, overflow="ellipsis")
     t.append(f" {state.upper()} ", style=f"reverse {STATE_STYLE.get(state, 'bold')}")
     t.append(" ")
-    run = view.run_id or fallback.get("run", "")
+    run = fallback.get("path") or view.run_id or fallback.get("run", "")
     if run:
         t.append(run, style="bold")
         t.append("  ")
@@ -90,6 +93,9 @@ def status_line(view: RunView, *, state: str, fallback: dict[str, str]) -> Text:
     if view.weight_sync:
         t.append("  ")
         _kv(t, "weights", view.weight_sync, style=SYNC_STYLE.get(view.weight_sync, ""))
+    note = fallback.get("note", "")
+    if note:
+        t.append(f"  {note}", style="bold yellow")
     return t
 
 
@@ -101,20 +107,52 @@ UNIT_SHORT = {"epochs": "ep", "iterations": "it"}
 
 
 def phase_label(view: RunView) -> Text:
+    """The phase and how far it is (`step 3/38`, `it 2/6`), the scoring or proposer session
+    under way (`val 96/256`), and the time left in the phase and the run."""
     t = Text(no_wrap=True, overflow="ellipsis")
+    act = view.activity
     if not view.cycle:
-        t.append("no phase yet", style="dim")
+        t.append("start evaluation" if act.activity is not None else "no phase yet", style="dim")
+    else:
+        _kv(t, "cycle", str(view.cycle))
+        t.append(" · ", style="dim")
+        style = "bold cyan" if view.phase == "weight" else "bold magenta"
+        t.append(view.phase or "?", style=style)
+        steps = act.weight_step_text() if view.phase == "weight" else ""
+        if steps and view.phase_active:
+            t.append(f" {steps}")
+        elif view.phase_unit:
+            unit = UNIT_SHORT.get(view.phase_unit, view.phase_unit)
+            t.append(f" {fmt_num(view.phase_done)}/{fmt_num(view.phase_budget)} {unit}")
+        if not view.phase_active and view.last_phase_end:
+            t.append(f" · ended ({view.last_phase_end})", style="dim")
+    if act.activity is not None and not view.finished:
+        t.append(" · ", style="dim")
+        t.append(act.activity.text(), style="bold")
+    if view.finished or not act.live:
         return t
-    _kv(t, "cycle", str(view.cycle))
+    left = act.phase_left(view.phase, view.phase_done, view.phase_budget)
+    if not view.phase_active:
+        left = act.activity.left_seconds if act.activity is not None else None
+    if left is not None:
+        t.append(" · ", style="dim")
+        _kv(t, "left", fmt_duration(left), style="")
+    run_left = act.run_left(view.phase, view.phase_done, view.phase_budget, view.phase_active)
     t.append(" · ", style="dim")
-    style = "bold cyan" if view.phase == "weight" else "bold magenta"
-    t.append(view.phase or "?", style=style)
-    if view.phase_unit:
-        unit = UNIT_SHORT.get(view.phase_unit, view.phase_unit)
-        t.append(f" {fmt_num(view.phase_done)}/{fmt_num(view.phase_budget)} {unit}")
-    if not view.phase_active and view.last_phase_end:
-        t.append(f" · ended ({view.last_phase_end})", style="dim")
+    _kv(t, "run", "~" + fmt_duration(run_left) if run_left is not None else "—", style="")
     return t
+
+
+def rates_text(view: RunView, now: float | None = None) -> str:
+    """`3.2 ep/s 410 tok/s` over the last half minute of episodes ("" when not live)."""
+    act = view.activity
+    if not act.live:
+        return ""
+    rates = act.rates(now if now is not None else time.time())
+    if rates is None:
+        return ""
+    eps, toks = rates
+    return f"{eps:.1f} ep/s {fmt_tokens(toks)} tok/s"
 
 
 def accounting_line(view: RunView) -> Text:
@@ -126,11 +164,15 @@ def accounting_line(view: RunView) -> Text:
     if view.other_rollouts:
         t.append(" ")
         _kv(t, "eval", fmt_int(view.other_rollouts), style="")
+    rates = rates_text(view)
+    if rates:
+        t.append("  │ ", style="dim")
+        t.append(rates, style="bold")
     t.append("  │ ", style="dim")
     toks = view.proposer_prompt_tokens + view.proposer_completion_tokens
     _kv(t, "proposer", f"{fmt_tokens(toks)} tok ${view.proposer_cost:.2f}")
     t.append("  │ ", style="dim")
-    _kv(t, "harness", view.harness or view.base_harness or "?", style="bold green")
+    _kv(t, "harness", harness_shown(view), style="bold green")
     pending = len(view.pending_reviews)
     if pending:
         t.append(f"  {pending} to review", style="bold yellow")
@@ -381,3 +423,13 @@ def log_line(ts: float, level: str, message: str, start: float | None) -> Text:
     t.append(f"{level[:4]:<4} ", style=style or "dim")
     t.append(message, style=style)
     return t
+
+
+def harness_shown(view: RunView) -> str:
+    """The harness in use: the base one by the path it came from (`harnesses/math/h0.py`),
+    an accepted candidate by its path in the run folder."""
+    harness = view.harness or view.base_harness
+    source = view.activity.harness_source
+    if source and harness == view.base_harness:
+        return source
+    return harness or "?"

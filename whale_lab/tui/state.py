@@ -39,6 +39,7 @@ from whale_lab.events import (
 )
 from whale_lab.store import read_jsonl, read_jsonl_line
 from whale_lab.trace import EpisodeTrace
+from whale_lab.tui.progress import ActivityView
 
 #: Stop reasons that end an episode without a verdict on the answer itself.
 FAILURE_REASONS = ("format_failure", "illegal_moves", "turn_cap", "token_cap")
@@ -252,6 +253,7 @@ class RunView:
     logs: deque[LogLine] = field(default_factory=lambda: deque(maxlen=MAX_LOGS))
     log_count: int = 0
     event_count: int = 0
+    activity: ActivityView = field(default_factory=ActivityView)  # progress, rates, ETAs
 
     # ------------------------------------------------------------------ derived
 
@@ -309,10 +311,10 @@ class RunView:
             if self.first_ts is None:
                 self.first_ts = ts
             self.last_ts = max(self.last_ts or ts, ts)
+        moved = self.activity.apply(event)
         handler = _HANDLERS.get(type(event))
-        if handler is None:
-            return set()
-        return handler(self, event)
+        changed: set[str] = handler(self, event) if handler is not None else set()
+        return changed | {"status"} if moved else changed
 
     def apply_all(self, events: list[Event]) -> set[str]:
         changed: set[str] = set()
@@ -344,10 +346,17 @@ class RunView:
         return {"status", "control", "log"}
 
     def _phase_started(self, ev: PhaseStarted) -> set[str]:
+        # a phase resumed after a stop goes on from what it had done, not from 0
+        resumed = (ev.cycle, ev.phase) == (self.cycle, self.phase) and not any(
+            (c, p) == (ev.cycle, ev.phase) for c, p, _ in self.phase_marks
+        )
+        row = self.cycle_row(ev.cycle)
+        done = 0.0
+        if resumed:
+            done = row.weight_done if ev.phase == "weight" else row.harness_done
         self.cycle, self.phase = ev.cycle, ev.phase
         self.phase_active = True
-        self.phase_budget, self.phase_done, self.phase_unit = ev.budget, 0.0, ev.budget_unit
-        row = self.cycle_row(ev.cycle)
+        self.phase_budget, self.phase_done, self.phase_unit = ev.budget, done, ev.budget_unit
         if ev.phase == "weight":
             row.weight_budget, row.weight_unit = ev.budget, ev.budget_unit
             self.weight_steps = []
