@@ -15,7 +15,7 @@ from typing import Any
 from rsft_support import ParityDomain, tiny_config, write_harness
 
 from whale_lab.backends import HFBackend, make_backend
-from whale_lab.backends.base import Generation, Message, SamplingParams
+from whale_lab.backends.base import Generation, Message, SamplingParams, prompt_messages
 from whale_lab.context import RunContext
 from whale_lab.events import Log, WeightStep
 from whale_lab.store import RunStore, read_jsonl
@@ -36,7 +36,8 @@ class Recording(HFBackend):
 
     def generate(self, prompts: Sequence[Sequence[Message]], params: SamplingParams) -> list[Generation]:
         out = super().generate(prompts, params)
-        if [list(p) for p in prompts] != [list(p) for p in PROBE_PROMPTS]:
+        chats = [prompt_messages(p, "prompt") for p in prompts]
+        if chats != [list(p) for p in PROBE_PROMPTS]:
             self.gens.extend(out)
         return out
 

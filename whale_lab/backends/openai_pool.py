@@ -25,9 +25,11 @@ from whale_lab.backends.base import (
     BackendError,
     Generation,
     Message,
+    Prompt,
+    PromptLike,
     SamplingParams,
-    check_messages,
     check_params,
+    prompt_messages,
 )
 from whale_lab.backends.openai import OpenAIBackend
 
@@ -94,15 +96,16 @@ class EndpointPool:
         for e in self.endpoints:
             e.active_model = name
 
+    def encode(self, messages: Sequence[Message], *, where: str = "prompt") -> Prompt:
+        return self.endpoints[0].encode(messages, where=where)
+
     def count_tokens(self, messages: Sequence[Message]) -> int:
         return self.endpoints[0].count_tokens(messages)
 
     # ------------------------------------------------------------------ generation
-    def generate(
-        self, prompts: Sequence[Sequence[Message]], params: SamplingParams
-    ) -> list[Generation]:
+    def generate(self, prompts: Sequence[PromptLike], params: SamplingParams) -> list[Generation]:
         check_params(params)
-        msgs = [check_messages(p, f"prompt {i}") for i, p in enumerate(prompts)]
+        msgs = [prompt_messages(p, f"prompt {i}") for i, p in enumerate(prompts)]
         futures = [self._pool.submit(self._one_request, i, m, params) for i, m in enumerate(msgs)]
         return [f.result() for f in futures]
 
