@@ -150,3 +150,64 @@ def test_a_probe_scratch_archive_takes_no_note(tmp_path: Path) -> None:
     steered(RulesProposer(), store.emit).propose(_request(scratch))
     assert not any(isinstance(e, SteerDelivered) for e in store.events())
     assert len(open_notes(store.root)) == 1
+
+
+# ---------------------------------------------------------------------- through a harness phase
+
+
+def test_a_harness_phase_hands_the_note_to_its_llm_session(tmp_path: Path, tiny_model_dir) -> None:
+    from whale_lab.backends import make_backend
+    from whale_lab.config import config_from_dict
+    from whale_lab.context import RunContext
+    from whale_lab.domains import make_domain
+    from whale_lab.search.meta_harness import HarnessPhase
+
+    code = H0.replace("Answer the question.", "Answer the question; titles name the entity.")
+    script = [
+        say(
+            tool_call(
+                "write_candidate",
+                {"code": code, "hypothesis": "titles", "parent": "c000", "surface": "prompts"},
+            )
+        )
+    ]
+    with ReplayServer(script) as server:
+        cfg = config_from_dict(
+            {
+                "run": {"directory": str(tmp_path / "runs"), "seed": 0},
+                "model": {"path": str(tiny_model_dir)},
+                "domain": {
+                    "name": "search",
+                    "splits": {"weight": 4, "harness": 3, "val": 2, "test": 2},
+                },
+                "sampling": {"max_new_tokens": 4, "k": 1},
+                "harness_search": {
+                    "candidates_per_iteration": 1,
+                    "smoke_tasks": 1,
+                    "acceptance": "best",
+                },
+                "approval": {"mode": "auto"},
+                "proposer": {"kind": "llm", "base_url": server.base_url, "model": "m"},
+            }
+        )
+        store = RunStore(tmp_path / "run")
+        points, commands = _points(store)
+        commands.send(Command("steer", by="tui", args={"text": "show the passage titles"}))
+        points.poll()
+        backend = make_backend(cfg)
+        try:
+            phase = HarnessPhase(
+                RunContext.of(cfg, backend, make_domain(cfg), store),
+                None,
+                proposer=LLMProposer(cfg.proposer, backoff_s=0.01),
+            )
+            phase.run(REPO / "harnesses" / "search" / "h0.py", iterations=2)
+        finally:
+            backend.close()
+    assert "- show the passage titles" in server.requests[0]["messages"][0]["content"]
+    (delivered,) = [e for e in store.events() if isinstance(e, SteerDelivered)]
+    assert (delivered.applied, delivered.iteration) == (True, 2)
+    (note,) = phase.archive.steer_notes()
+    (cand,) = note["candidates"]
+    assert cand["id"] == "c001" and cand["success_rate"] is not None  # scored, so its outcome
+    store.close()
