@@ -32,7 +32,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="whale-lab",
         description="A terminal lab for jointly optimising an LLM agent's weights and its harness.",
+        epilog="Exit codes: 0 done, 1 the engine failed, 2 a mistake in the command, config, data "
+        "or harness (one line says which), 130 interrupted (143 on SIGTERM).",
     )
+    from whale_lab import __version__
+
+    parser.add_argument("--version", action="version", version=f"whale-lab {__version__}")
     _add_common(parser, top=True)
     sub = parser.add_subparsers(dest="command")
 

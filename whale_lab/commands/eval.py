@@ -16,8 +16,13 @@ from typing import Any
 
 from whale_lab.commands.common import StopSignals, run_in_worker
 from whale_lab.config import Config
+from whale_lab.engine.runs import from_cwd
 from whale_lab.events import RunFinished
 from whale_lab.trace import EpisodeTrace
+
+#: The version of `eval.json` and of `eval --json`'s object; raised when a key changes meaning
+#: or goes away (new keys keep it). Paths in it are relative to the working directory.
+EVAL_SCHEMA = 1
 
 
 def run_eval(
@@ -118,19 +123,19 @@ def _eval(
         store.emit(RunFinished(status="stopped", message=f"eval stopped after {done}"))
         store.close()
         console.print(
-            f"eval stopped after {done}; run the same eval again (episodes so far: "
-            f"{store.root})",
+            f"eval stopped after {done}; run the same eval again (episodes so far: {store.root})",
             markup=False,
             highlight=False,
             soft_wrap=True,
         )
         return signals.exit_code
     result = {
+        "schema": EVAL_SCHEMA,
         "domain": cfg.domain.name,
         "split": split,
-        "harness": str(harness_path),
+        "harness": from_cwd(harness_path),
         "model": cfg.model.path,
-        "run_dir": str(store.root),
+        "run_dir": from_cwd(store.root),
         **report.summary(),
     }
     atomic_write_json(store.root / "eval.json", result)

@@ -44,7 +44,13 @@ from whale_lab.engine.phases import PhaseRunner
 from whale_lab.engine.probe import ProbeSettings
 from whale_lab.engine.probing import ProbeRunner
 from whale_lab.engine.runbook import RunBook
-from whale_lab.engine.runs import create_run, load_or_new_state, load_run_config, open_engine
+from whale_lab.engine.runs import (
+    create_run,
+    from_cwd,
+    load_or_new_state,
+    load_run_config,
+    open_engine,
+)
 from whale_lab.engine.safepoints import COMMANDS, SafePoints
 from whale_lab.engine.schedules import PhaseSpec, plan
 from whale_lab.events import (
@@ -304,7 +310,7 @@ class Engine:
                     {"cycle": p.cycle, "kind": p.kind, "budget": p.budget, "unit": p.unit}
                     for p in self.plan
                 ),
-                harness_source=_from_cwd(self.book.state.base_harness_source),
+                harness_source=from_cwd(self.book.state.base_harness_source),
             )
         )
         conf = confine.detect()  # recorded in every session of the run: confined or not
@@ -477,13 +483,3 @@ def _final_weight_note(plan: list[PhaseSpec]) -> str:
         f" (the run ends on a weight phase: the harness chosen in cycle {cycles} is trained "
         "under once more before the final evaluation)"
     )
-
-
-def _from_cwd(path: str) -> str:
-    """`path` relative to the working directory where it lies below it, else as it is."""
-    if not path:
-        return ""
-    try:
-        return Path(path).resolve().relative_to(Path.cwd().resolve()).as_posix()
-    except (OSError, ValueError):
-        return path

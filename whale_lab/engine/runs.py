@@ -70,6 +70,17 @@ def load_or_new_state(cfg: Config, store: RunStore, plan: list[PhaseSpec]) -> Ru
     )
 
 
+def from_cwd(path: str | Path) -> str:
+    """`path` as a user would type it: relative to the working directory where it lies below
+    it, else as it is."""
+    if not str(path):
+        return ""
+    try:
+        return Path(path).resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except (OSError, ValueError):
+        return str(path)
+
+
 def load_run_config(run_dir: str | Path) -> Config:
     """The config a run folder was started with (its `config.json`)."""
     root = Path(run_dir)

@@ -31,6 +31,7 @@ from textual.worker import Worker
 
 from whale_lab.config import Config
 from whale_lab.engine.runlock import holder as run_holder
+from whale_lab.engine.runs import from_cwd as shown_path
 from whale_lab.events import Event, event_from_dict
 from whale_lab.quiet import quiet_libraries
 from whale_lab.reviewers import ThreadReviewer
@@ -633,11 +634,3 @@ def run_tui(
             file=sys.stderr,
         )
     return int(code or 0)
-
-
-def shown_path(path: Path) -> str:
-    """A run folder as a user would type it: relative to the working directory when inside it."""
-    try:
-        return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
-    except (OSError, ValueError):
-        return str(path)
