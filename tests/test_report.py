@@ -149,11 +149,13 @@ def test_the_report_pairs_schedules_on_the_same_seeds_and_tasks(tmp_path: Path) 
     md = write_comparison(tmp_path / "report", runs)
     paired = json.loads((tmp_path / "report" / "paired.json").read_text())
     rows = {(p["schedule"], p["baseline"]): p for p in paired["pairs"]}
+    # fixed splits: every seed scored the same 30 tasks, so a task (pooled over seeds) is a unit
+    assert paired["unit"].startswith("test task (samples pooled over the seeds)")
     win = rows[("whale", "weight-only")]
-    assert win["n_tasks"] == 60 and win["excludes_zero"] and win["low"] > 0
-    assert win["diff"] == pytest.approx(0.75) and win["wins"] == 60
+    assert win["n_tasks"] == 30 and win["excludes_zero"] and win["low"] > 0
+    assert win["diff"] == pytest.approx(0.75) and win["wins"] == 30
     tie = rows[("prompt-only", "weight-only")]
-    assert tie["diff"] == 0 and not tie["excludes_zero"] and tie["ties"] == 60
+    assert tie["diff"] == 0 and not tie["excludes_zero"] and tie["ties"] == 30
     text = md.read_text()
     assert "Paired differences" in text and "no difference detected at this size" in text
     assert "| whale | weight-only | +75.0 |" in text
@@ -238,3 +240,22 @@ def test_an_untested_tie_is_left_out_and_the_rule_says_so(tmp_path: Path) -> Non
 def test_no_tie_names_the_plain_rule(tmp_path: Path) -> None:
     s = summarise_run(_tied_run(tmp_path, [("c0", _A, True), ("c1", {"t0": [1.0] * 3}, True)]))
     assert s.selected_checkpoint == "c1" and s.selection_rule == "best on val"
+
+
+def test_with_redrawn_splits_a_seed_and_task_pair_is_the_unit(tmp_path: Path) -> None:
+    import json
+
+    runs = []
+    for seed in (0, 1):
+        tasks = [f"s{seed}t{i}" for i in range(10)]  # each seed drew its own tasks
+        base = {t: [0.0, 0.0] for t in tasks}
+        better = {t: [1.0, 0.0] for t in tasks}
+        runs.append(
+            summarise_run(_run_with_episodes(tmp_path, f"w{seed}", "weight-only", seed, base))
+        )
+        runs.append(summarise_run(_run_with_episodes(tmp_path, f"h{seed}", "whale", seed, better)))
+    write_comparison(tmp_path / "report", runs)
+    paired = json.loads((tmp_path / "report" / "paired.json").read_text())
+    assert paired["unit"].startswith("(seed, test task)")
+    (pair,) = paired["pairs"]
+    assert pair["n_tasks"] == 20 and pair["wins"] == 20 and pair["diff"] == pytest.approx(0.5)

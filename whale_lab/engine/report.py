@@ -305,12 +305,15 @@ def _run_json(r: RunSummary) -> dict[str, Any]:
 
 
 def paired_comparisons(runs: list[RunSummary]) -> dict[str, Any]:
-    """Every schedule against each baseline, paired: the same seed and the same test task give
-    one unit (the mean reward over its samples at each run's val-selected checkpoint); the
-    interval is a bootstrap over units. With fixed splits every seed shares the tasks."""
+    """Every schedule against each baseline, paired on the test tasks at each run's val-selected
+    checkpoint; the interval is a bootstrap over units. With fixed splits (every run scored the
+    same test tasks) the unit is a task, its samples pooled over the seeds, so a task that is
+    easy under every seed counts once; with re-drawn splits the unit is a (seed, task) pair."""
     by: dict[str, dict[int, RunSummary]] = defaultdict(dict)
     for r in runs:
         by[r.schedule][r.seed] = r
+    task_sets = {frozenset(r.selected_scores()) for r in runs if r.selected_scores()}
+    fixed = len(task_sets) == 1
     schedules = list(by)
     baselines = [b for b in BASELINES if b in by] or schedules[:1]
     pairs = []
@@ -324,10 +327,9 @@ def paired_comparisons(runs: list[RunSummary]) -> dict[str, Any]:
             b: dict[str, list[float | None]] = {}
             seeds = sorted(set(by[base]) & set(by[other]))
             for seed in seeds:
-                for task, vals in by[base][seed].selected_scores().items():
-                    a[f"{seed}/{task}"] = vals
-                for task, vals in by[other][seed].selected_scores().items():
-                    b[f"{seed}/{task}"] = vals
+                for side, name in ((a, base), (b, other)):
+                    for task, vals in by[name][seed].selected_scores().items():
+                        side.setdefault(task if fixed else f"{seed}/{task}", []).extend(vals)
             result = paired_difference(a, b, seed=len(pairs))
             pairs.append(
                 {
@@ -355,7 +357,11 @@ def paired_comparisons(runs: list[RunSummary]) -> dict[str, Any]:
                 }
             )
     return {
-        "unit": "(seed, test task) at each run's val-selected checkpoint",
+        "unit": (
+            "test task (samples pooled over the seeds) at each run's val-selected checkpoint"
+            if fixed
+            else "(seed, test task) at each run's val-selected checkpoint"
+        ),
         "method": METHOD,
         "level": 0.95,
         "pairs": pairs,
