@@ -6,6 +6,9 @@ It loads a transformers model from a folder (its own copy, independent of any tr
 requests that name the adapter as their `model` generate with it. Every request is recorded.
 With `logprobs` (and `return_tokens_as_token_ids`) it returns each sampled token as vLLM does,
 `token_id:N` with the model's raw log-probability, so the served-policy check can measure it.
+With `dev_mode` it also has vLLM's development endpoints `/collective_rpc` (the `WeightLoader`
+extension's `whale_load_weights`: full weights from a safetensors file into its model) and
+`/reset_prefix_cache`; without it they answer 404, as vLLM does without VLLM_SERVER_DEV_MODE.
 
 Run it standalone: `python tests/adapter_server.py MODEL_FOLDER [PORT]`.
 """
@@ -32,12 +35,20 @@ class Served:
     chat_models: list[str] = field(default_factory=list)  # `model` of each chat request
     loads: list[tuple[str, str]] = field(default_factory=list)  # (name, path)
     unloads: list[str] = field(default_factory=list)
+    weight_loads: list[str] = field(default_factory=list)  # paths given to /collective_rpc
+    cache_resets: int = 0
 
 
 class AdapterServer:
     """`http.server` in a thread over one model; peft adapters loaded from disk on request."""
 
-    def __init__(self, model_dir: str | Path, served_name: str = "base", port: int = 0) -> None:
+    def __init__(
+        self,
+        model_dir: str | Path,
+        served_name: str = "base",
+        port: int = 0,
+        dev_mode: bool = False,
+    ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.model_dir = str(model_dir)
@@ -50,6 +61,7 @@ class AdapterServer:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self.record = Served()
+        self.dev_mode = dev_mode
         self._port = port
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -85,6 +97,24 @@ class AdapterServer:
             self.adapters.pop(name)
             self.record.unloads.append(name)
         return 200, {"message": f"Success: LoRA adapter '{name}' removed successfully."}
+
+    def collective_rpc(self, body: dict) -> tuple[int, dict]:
+        import torch
+        from safetensors.torch import load_file
+
+        method = body.get("method")
+        if method is None:
+            return 400, {"detail": "Missing 'method' in request body"}
+        if method != "whale_load_weights":
+            return 500, {"detail": f"worker has no method {method!r}"}
+        (path,) = body.get("args") or [""]
+        tensors = load_file(str(path))
+        with self._lock, torch.no_grad():
+            state = self.base.state_dict()
+            for name, t in tensors.items():
+                state[name].copy_(t)
+            self.record.weight_loads.append(str(path))
+        return 200, {"results": [len(tensors)]}
 
     def complete(self, body: dict) -> tuple[int, dict]:
         import torch
@@ -215,6 +245,11 @@ class AdapterServer:
                     self._send(*server.load(str(body.get("lora_name")), str(body.get("lora_path"))))
                 elif self.path == "/v1/unload_lora_adapter":
                     self._send(*server.unload(str(body.get("lora_name"))))
+                elif self.path == "/collective_rpc" and server.dev_mode:
+                    self._send(*server.collective_rpc(body))
+                elif self.path == "/reset_prefix_cache" and server.dev_mode:
+                    server.record.cache_resets += 1
+                    self._send(200, {})
                 else:
                     self._send(404, {"error": {"message": "not found"}})
 

@@ -51,6 +51,8 @@ from whale_lab.backends.base import (
 from whale_lab.backends.openai_checks import ServerChecks
 from whale_lab.backends.openai_common import (
     SETUP_STATUSES,
+    WEIGHT_LOADER_HINT,
+    WEIGHT_LOADER_METHOD,
     Unreachable,
     log,
     sampling_key,
@@ -136,6 +138,7 @@ class OpenAIBackend(ServerChecks):
         aliases: Sequence[str] = (),
         verify: bool = False,
         chat_template_kwargs: dict[str, Any] | None = None,
+        full_weights: bool = False,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise BackendError(
@@ -164,6 +167,9 @@ class OpenAIBackend(ServerChecks):
         # Sent with every request (vLLM renders the template with them, e.g. enable_thinking)
         # and used by the local tokenizer, so counted and trained tokens match the served ones.
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        # The run publishes full weights (full fine-tuning), not adapters: preflight checks
+        # the server's /collective_rpc rather than its LoRA endpoints.
+        self.full_weights = full_weights
         self.dropped_fields: set[str] = set()
         if server_kind not in SERVER_LABELS:
             raise BackendError(
@@ -212,6 +218,7 @@ class OpenAIBackend(ServerChecks):
             aliases=(m.path,) if m.served_model else (),
             verify=True,
             chat_template_kwargs=cfg.sampling.chat_template_kwargs,
+            full_weights=cfg.rsft.full_finetune or not m.lora.enabled,
         )
 
     @property
@@ -508,6 +515,33 @@ class OpenAIBackend(ServerChecks):
             except BackendError as exc:  # the new adapter serves; a leftover only costs memory
                 log.warning("could not unload superseded adapter %r: %s", old, exc)
 
+    def load_weights(self, path: str | Path) -> None:
+        """Full weights from the safetensors file `path` into every worker of a `vllm serve`
+        (through its development endpoint `/collective_rpc` and the `WeightLoader` worker
+        extension), then its prefix cache reset; requests go to the base model name."""
+        resp = self._adapter_call(
+            "collective_rpc",
+            {"method": WEIGHT_LOADER_METHOD, "args": [str(path)], "timeout": self.timeout_s},
+            root=True,
+        )
+        if resp.status_code >= 300:
+            raise BackendError(
+                f"the server at {self.server_root} could not load the weights in {path}: "
+                f"HTTP {resp.status_code}: {_server_detail(resp)} ({WEIGHT_LOADER_HINT})"
+            )
+        try:
+            results = resp.json().get("results")
+            counts = [int(c) for c in results]
+        except (ValueError, TypeError, AttributeError):
+            counts = []
+        if not counts or min(counts) == 0:
+            raise BackendError(
+                f"the server at {self.server_root} loaded no tensor from {path} (answer "
+                f"{short(resp.text, 120)!r}): {WEIGHT_LOADER_HINT}"
+            )
+        self._adapter_call("reset_prefix_cache", {}, root=True)
+        self.active_model = self.base_model
+
     def unload_adapter(self, name: str) -> None:
         """Remove an adapter from the server; requests go back to the base model if it was active."""
         resp = self._adapter_call("unload_lora_adapter", {"lora_name": name})
@@ -522,9 +556,10 @@ class OpenAIBackend(ServerChecks):
         if self.active_model == name:
             self.active_model = self.base_model
 
-    def _adapter_call(self, endpoint: str, payload: dict) -> httpx.Response:
-        """POST to an adapter endpoint with retries; 404/405 means runtime LoRA is switched off."""
-        url = f"{self.server_root}/v1/{endpoint}"
+    def _adapter_call(self, endpoint: str, payload: dict, *, root: bool = False) -> httpx.Response:
+        """POST to an adapter endpoint (`root`: a development endpoint at the server's root) with
+        retries; 404/405 means runtime LoRA (or the development endpoints) is switched off."""
+        url = f"{self.server_root}/{endpoint}" if root else f"{self.server_root}/v1/{endpoint}"
         failure = ""
         never = threading.Event()
         for attempt in range(self.max_retries + 1):
@@ -544,9 +579,14 @@ class OpenAIBackend(ServerChecks):
                 failure = f"HTTP {resp.status_code} from {url}: {_server_detail(resp)}"
                 continue
             if resp.status_code in (404, 405):
+                what, hint = (
+                    ("full-weight updates", WEIGHT_LOADER_HINT) if root else
+                    ("runtime LoRA adapters", ADAPTER_HINT)
+                )  # fmt: skip
                 raise BackendError(
-                    f"the server at {self.server_root} does not support runtime LoRA adapters "
-                    f"(POST /v1/{endpoint} answered {resp.status_code}): {ADAPTER_HINT}"
+                    f"the server at {self.server_root} does not support {what} "
+                    f"(POST {url.removeprefix(self.server_root)} answered {resp.status_code}): "
+                    f"{hint}"
                 )
             return resp
         raise BackendError(f"{failure}; is the server running?")

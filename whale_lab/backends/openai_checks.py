@@ -71,7 +71,11 @@ class ServerChecks:
                 if kind != "openai":
                     self.server_kind = kind
             self._use_model(name, how)
-            if adapters:
+            if adapters and getattr(self, "full_weights", False):
+                # full fine-tuning publishes through /collective_rpc: a server with it refuses
+                # a request without a method (400), one without dev mode answers 404
+                self._adapter_call("collective_rpc", {}, root=True)  # type: ignore[attr-defined]
+            elif adapters:
                 # An empty load request: a server with the endpoint refuses the body (400/422),
                 # one without it answers 404/405 (which `_adapter_call` turns into the hint).
                 self._adapter_call("load_lora_adapter", {})
@@ -244,4 +248,3 @@ class ServerChecks:
         return short(groups[0][0].text, 40)
 
     # ----------------------------------------------------------------- adapters
-

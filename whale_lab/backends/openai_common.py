@@ -14,6 +14,14 @@ log = logging.getLogger("whale_lab.backends.openai")
 class Unreachable(Exception):
     """The server could not be reached at all (connection refused, DNS, connect timeout)."""
 
+
+# Full-weight publishes to a `vllm serve`: the worker method `POST /collective_rpc` names.
+WEIGHT_LOADER_METHOD = "whale_load_weights"
+WEIGHT_LOADER_HINT = (
+    "start vLLM with VLLM_SERVER_DEV_MODE=1 and --worker-extension-cls "
+    "whale_lab.backends.vllm_worker.WeightLoader (whale-lab installed where the server runs)"
+)
+
 SETUP_STATUSES = {
     401: "the server wants an API key: put it in ${env} (model.api_key_env)",
     403: "the API key in ${env} (model.api_key_env) may not use this model",

@@ -136,6 +136,11 @@ class EndpointPool:
         for e in self.endpoints:
             e.load_adapter(path, name)
 
+    def load_weights(self, path: str | Path) -> None:
+        """Full weights into every endpoint."""
+        for e in self.endpoints:
+            e.load_weights(path)
+
     def unload_adapter(self, name: str) -> None:
         for e in self.endpoints:
             e.unload_adapter(name)
