@@ -39,6 +39,7 @@ def test_the_same_gain_under_both_weights_is_no_interaction() -> None:
     assert r.interaction.diff == pytest.approx(0.0) and r.interaction.ties == 40
     assert verdict_of(r) == "inconclusive"
     assert "Inconclusive: no interaction detected at this size" in describe(r)
+    assert "the same under both weights on all 40 tasks" in describe(r)
 
 
 def test_a_noisy_small_interaction_is_inconclusive_with_a_needed_size() -> None:

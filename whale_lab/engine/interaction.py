@@ -169,11 +169,16 @@ def describe(result: InteractionResult, plan: InteractionPlan | None = None) -> 
     if v == "negative":
         return text + " The harness candidate helps less after the weight update."
     need = i.needed_tasks()
-    size = (
-        f"; about {need} val tasks would resolve an interaction of {abs(i.diff):.3f}"
-        if need
-        else ""
-    )
+    if need:
+        size = f"; about {need} val tasks would resolve an interaction of {abs(i.diff):.3f}"
+    elif i.n_tasks and i.sd == 0.0:
+        size = (
+            f"; the candidate's gain was the same under both weights on all {i.n_tasks} tasks, "
+            "so there is no spread to size a larger test from"
+        )
+    else:
+        size = ""
+
     return text + f" Inconclusive: no interaction detected at this size{size}."
 
 
