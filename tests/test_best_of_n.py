@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pytest
 from test_search_rules import (
     _archive,
     _request,
@@ -109,10 +110,13 @@ def test_a_spent_catalogue_stacks_on_an_earlier_draw_and_says_when_short(tmp_pat
     assert h0("search") != archive.code(archive.ids()[-1])
 
 
-def test_the_shipped_comparison_gives_every_harness_schedule_the_same_proposals() -> None:
-    path = Path(__file__).resolve().parents[1] / "docs" / "results" / "compare.toml"
+@pytest.mark.parametrize(("name", "proposals"), [("compare.toml", 6), ("compare-12.toml", 12)])
+def test_the_shipped_comparisons_give_every_harness_schedule_the_same_proposals(
+    name: str, proposals: int
+) -> None:
+    path = Path(__file__).resolve().parents[1] / "docs" / "results" / name
     cfg = load_config(str(path), [])
     m = cfg.harness_search.candidates_per_iteration
     budgets = {k: proposal_budget(dataclasses.replace(cfg.schedule, kind=k), m) for k in SCHEDULES}
     assert budgets["weight-only"] == 0
-    assert {v for k, v in budgets.items() if k != "weight-only"} == {6}
+    assert {v for k, v in budgets.items() if k != "weight-only"} == {proposals}
