@@ -7,7 +7,10 @@ Every arm generates for the same turn prompts, so the ratios compare like with l
 (b') upper_cb: the same turn prompts through the backend's continuous batching with no harness,
     environment or tools (the same calls the engine makes, so the same completions);
 (c) loop: what a research script typically does: one `generate` per episode and turn, on episodes
-    spread over every task.
+    spread over every task;
+(a') engine_cold: the engine again with no rows kept between turns (`model.hf.prefix_cache_mb = 0`),
+    so `engine_vs_no_prefix_cache` says what keeping an episode's cache between its turns is worth.
+Every arm starts with no rows kept from an earlier one.
 
 Each arm is warmed first, then the arms alternate over `--rounds` rounds. Time is CPU seconds of
 this process and its children (`os.times`), the only figure stable on a shared machine; ratios are
@@ -194,6 +197,29 @@ def run_loop(backend: HFBackend, cfg: Config, episodes: list[list[tuple[list[int
             plain_generate(backend, cfg, [prompt], max(1, n))
 
 
+def engine_without_kept_rows(
+    cfg: Config,
+    domain: Domain,
+    backend: HFBackend,
+    tasks: list[Task],
+    k: int,
+    params: SamplingParams,
+) -> tuple[int, float]:
+    """(completion tokens, CPU seconds) of the engine arm with no rows kept between turns: what
+    the prefix cache is worth, in the same rounds. (0, 0.0) when the cache is off anyway."""
+    size = backend.prefix_cache.max_bytes
+    if size == 0:
+        return 0, 0.0
+    backend.prefix_cache.clear()
+    backend.prefix_cache.max_bytes = 0
+    try:
+        t0 = cpu_total()
+        traces = run_engine(cfg, domain, backend, tasks, k, params)
+        return sum(t.completion_tokens for t in traces), cpu_total() - t0
+    finally:
+        backend.prefix_cache.max_bytes = size
+
+
 def ratio_stats(xs: list[float]) -> dict[str, float]:
     return {"min": min(xs), "median": statistics.median(xs), "max": max(xs)}
 
@@ -316,12 +342,14 @@ def main() -> None:
         t0 = cpu_total()
         run_loop(backend, cfg, loop_eps)
         loop_s = cpu_total() - t0
+        cold_tokens, cold_s = engine_without_kept_rows(cfg, domain, backend, tasks, args.k, params)
         rounds.append(
             {
                 "engine": tokens / engine_s,
                 "upper": tokens / upper_s,
                 "upper_cb": cb_tokens / upper_cb_s,
                 "loop": loop_tokens / max(loop_s, 1e-9),
+                "engine_cold": cold_tokens / max(cold_s, 1e-9) if cold_s else 0.0,
             }
         )
 
@@ -331,6 +359,7 @@ def main() -> None:
     vs_upper = [r["engine"] / r["upper"] for r in rounds]
     vs_cb = [r["engine"] / r["upper_cb"] for r in rounds]
     vs_loop = [r["engine"] / r["loop"] for r in rounds]
+    vs_cold = [r["engine"] / r["engine_cold"] for r in rounds if r["engine_cold"]]
     result = {
         "engine_tok_per_cpu_s": med("engine"),
         "upper_tok_per_cpu_s": med("upper"),
@@ -342,6 +371,9 @@ def main() -> None:
         "host_share": statistics.median(s[1] for s in shares),
         "decode_fill": statistics.median(fill),
         "prefix_reused_share": statistics.median(reused),
+        # the engine with rows kept between turns against the engine without, per round
+        "engine_vs_no_prefix_cache": statistics.median(vs_cold) if vs_cold else None,
+        "engine_vs_no_prefix_cache_range": ratio_stats(vs_cold) if vs_cold else None,
         "upper_cb_tok_per_cpu_s": med("upper_cb"),
         "engine_vs_upper_cb": statistics.median(vs_cb),
         "engine_vs_upper_range": ratio_stats(vs_upper),
@@ -378,11 +410,14 @@ def main() -> None:
         f"  (same tokens as the engine: {same_tokens})"
     )
     print(f"(c)  per-episode loop {result['loop_tok_per_cpu_s']:8.1f} tok/CPU-s")
-    for name, key, target in (
+    arms = [
         ("engine / plain batched", "engine_vs_upper", ">= 0.85"),
         ("engine / backend bare", "engine_vs_upper_cb", ""),
         ("engine / per-episode loop", "engine_vs_loop", ">= 4"),
-    ):
+    ]
+    if vs_cold:
+        arms.append(("engine / no kept rows", "engine_vs_no_prefix_cache", ""))
+    for name, key, target in arms:
         r = result[f"{key}_range"]
         print(
             f"{name:26} = {result[key]:.2f}  (min {r['min']:.2f}, max {r['max']:.2f})"
