@@ -14,6 +14,7 @@ are counted in `METER`, which the run's ledger folds in each time it is written.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -29,6 +30,7 @@ from whale_lab.domains.errors import DataError
 if TYPE_CHECKING:
     from whale_lab.config import JudgeConfig
 
+log = logging.getLogger("whale_lab.domains.judge")
 DEFAULT_RULES = Path(__file__).with_name("judge_rules.md")
 CORRECT, INCORRECT, FALLBACK = "correct", "incorrect", "fallback"
 _CACHE_LIMIT = 50_000
@@ -113,6 +115,7 @@ class Judge:
         self._cache: dict[tuple[str, str], bool] = {}
         self._lock = threading.Lock()
         self.last_error = ""
+        self._warned = False
 
     @classmethod
     def from_config(cls, jc: JudgeConfig) -> Judge:
@@ -139,6 +142,13 @@ class Judge:
         decided = self._ask(question, golds, answer)
         if decided is None:
             self.meter.add(fallbacks=1)
+            if not self._warned:  # once: the ledger counts the rest
+                self._warned = True
+                log.warning(
+                    "the judge at %s gave no verdict (%s): exact match decides instead",
+                    self.url,
+                    self.last_error,
+                )
             return None
         with self._lock:
             if len(self._cache) >= _CACHE_LIMIT:
