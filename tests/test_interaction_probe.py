@@ -61,9 +61,10 @@ def test_the_interaction_probe_on_a_whale_run(
     after = read_json(run / "state.json")
     assert after["harness"] == state_before["harness"] and after["best"] == state_before["best"]
     events = RunStore.read_events(run)
-    result = [e for e in events if e.type == "probe_result"][-1]
-    assert result.verdict == f"interaction: {out['verdict']}"
-    assert result.sides["interaction"]["cells"] == out["cells"]
+    result = [e for e in events if e.type == "interaction_result"][-1]
+    assert result.verdict == out["verdict"] and result.cells == out["cells"]
+    assert result.interaction["interval"] == out["interaction"]["interval"]
+    assert result.steps == tuple(out["steps"]) and result.text == out["text"]
     assert (run / out["folder"] / "interaction.json").is_file()
     probe_eps = [e for e in events if e.type == "episode_finished" and e.phase == "probe"]
     assert len(probe_eps) == out["rollouts"]

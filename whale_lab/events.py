@@ -348,6 +348,25 @@ class ProbeResult(Event):
 
 
 @dataclass(frozen=True)
+class InteractionResult(Event):
+    """The interaction probe: harness {incumbent, candidate} x weights {before, after} on val."""
+
+    type: ClassVar[str] = "interaction_result"
+    verdict: str  # "positive" | "negative" | "inconclusive"
+    text: str
+    cells: dict[str, float] = field(default_factory=dict)  # "incumbent/before", ... -> mean@k
+    # paired results (PairedResult.to_dict): candidate minus incumbent under each weights, and
+    # the interaction (gain after minus gain before)
+    gain_before: dict[str, Any] = field(default_factory=dict)
+    gain_after: dict[str, Any] = field(default_factory=dict)
+    interaction: dict[str, Any] = field(default_factory=dict)
+    incumbent: str = ""
+    candidate: str = ""
+    steps: tuple[int, ...] = ()  # the weight steps before and after
+    rollouts: int = 0
+
+
+@dataclass(frozen=True)
 class Log(Event):
     type: ClassVar[str] = "log"
     level: str  # "info" | "warning" | "error"

@@ -187,7 +187,7 @@ def scores_by_task(traces: Iterable[Any]) -> dict[str, list[float | None]]:
 
 
 @dataclass(frozen=True)
-class InteractionResult:
+class InteractionEffect:
     """A 2 x 2 paired design: arm B against arm A under condition 0 and under condition 1, on
     the tasks all four cells scored. `interaction` is (B - A under 1) minus (B - A under 0)."""
 
@@ -216,7 +216,7 @@ def interaction_effect(
     level: float = DEFAULT_LEVEL,
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
-) -> InteractionResult:
+) -> InteractionEffect:
     """B's gain over A under each condition, and how much it changes between them, each paired
     over the tasks every cell has a valid score for (a task invalid in one cell leaves all four)."""
     means = [task_means(x) for x in (a0, b0, a1, b1)]
@@ -235,4 +235,4 @@ def interaction_effect(
     }
     invalid = len(set().union(*(set(x) for x in (a0, b0, a1, b1))) - shared)
     inter = PairedResult(**{**asdict(inter), "invalid_tasks": invalid})
-    return InteractionResult(n, cells, gain_0, gain_1, inter)
+    return InteractionEffect(n, cells, gain_0, gain_1, inter)

@@ -11,8 +11,8 @@ of val tasks that would resolve an interaction of the observed size.
 The weights come from the weight phase's evaluation checkpoints (`weights/checkpoints/step-N`;
 step 0 is the base model, a zero LoRA update). They are loaded into the run's trainable model
 for the scoring and the run's own weights are put back afterwards; nothing the run selected or
-accepted changes. The result lands in `<run>/probes/interaction-NNN/interaction.json` and, as a
-`ProbeResult` event with an `interaction` side, in the run's log.
+accepted changes. The result lands in `<run>/probes/interaction-NNN/interaction.json` and, as an
+`InteractionResult` event, in the run's log.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from whale_lab.context import RunContext
 from whale_lab.engine.errors import EngineError
 from whale_lab.engine.probe import STEP_OFFSET, val_params
 from whale_lab.engine.runbook import RunBook
-from whale_lab.events import Log, ProbeResult
-from whale_lab.paired import METHOD, InteractionResult, interaction_effect, scores_by_task
+from whale_lab.events import InteractionResult, Log
+from whale_lab.paired import METHOD, InteractionEffect, interaction_effect, scores_by_task
 from whale_lab.store import atomic_write_json
 
 BASE = "base"  # the weights reference of step 0: the base model
@@ -138,14 +138,14 @@ def plan_interaction(book: RunBook) -> InteractionPlan:
     )
 
 
-def verdict_of(result: InteractionResult) -> str:
+def verdict_of(result: InteractionEffect) -> str:
     """ "positive" (the harness gains more after the weight update), "negative", "inconclusive"."""
     return {"better": "positive", "worse": "negative"}.get(
         result.interaction.verdict(), "inconclusive"
     )
 
 
-def describe(result: InteractionResult, plan: InteractionPlan | None = None) -> str:
+def describe(result: InteractionEffect, plan: InteractionPlan | None = None) -> str:
     """The probe's finding in plain words: only what the interval supports."""
     i = result.interaction
     g0, g1 = result.gain_0, result.gain_1
@@ -332,29 +332,18 @@ class InteractionProbe:
         return out
 
     @staticmethod
-    def event(out: dict[str, Any]) -> ProbeResult:
-        inter = out["interaction"]
-        side = {
-            "ran": True,
-            "gain_per_1k": None,
-            "interval": inter["interval"],
-            "verdict": out["verdict"],
-            "rollouts": out["rollouts"],
-            "paired": inter,
-            "cells": out["cells"],
-            "gain_before": out["gain_before"],
-            "gain_after": out["gain_after"],
-            "note": out["candidate_note"],
-        }
-        diag = {f"val_mean_at_k_{k.replace('/', '_')}": float(v) for k, v in out["cells"].items()}
-        return ProbeResult(
-            harness_gain_per_1k=0.0,
-            weight_gain_per_1k=0.0,
-            recommendation=out["text"],
-            evidence=(out["candidate_note"],),
-            diagnostics=diag,
-            verdict=f"interaction: {out['verdict']}",
-            sides={"interaction": side},
+    def event(out: dict[str, Any]) -> InteractionResult:
+        return InteractionResult(
+            verdict=out["verdict"],
+            text=out["text"],
+            cells=dict(out["cells"]),
+            gain_before=out["gain_before"],
+            gain_after=out["gain_after"],
+            interaction=out["interaction"],
+            incumbent=out["incumbent"],
+            candidate=out["candidate"],
+            steps=tuple(out["steps"]),
+            rollouts=int(out["rollouts"]),
         )
 
     def _restore_served(self, adapters_before: set[str], active_before: Any) -> None:
