@@ -214,7 +214,7 @@ def test_new_run_dialog(snap_compare, tmp_path) -> None:
 
 
 def test_first_run_panel(snap_compare, tmp_path) -> None:
-    run = cut_run(tmp_path, "first", "run_started")
+    run = cut_run(tmp_path, "first", "phase_started")
     app = app_on(run)
 
     async def show_panel(pilot: Any) -> None:
