@@ -18,7 +18,7 @@ temporary folder and measures:
   check after publishing the LoRA adapter and after loading the full fine-tuned weights through
   `collective_rpc`.
 
-A `sync` other than "verified" means the weights did not reach (or could not be shown to reach)
+It exits 0 when every publish was verified, 1 otherwise. A `sync` other than "verified" means the weights did not reach (or could not be shown to reach)
 what generates; the README's "On a GPU box" says what each figure should be.
 """
 
@@ -90,6 +90,16 @@ def _reset_peak(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+
+
+def _checked(check: Any) -> dict[str, Any]:
+    """The served-policy check's result, a mismatch (the check stops a run) included."""
+    from whale_lab.weights.sync import WeightSyncError
+
+    try:
+        return _sync_dict(check())
+    except WeightSyncError as exc:
+        return {"status": "mismatch", "error": str(exc)}
 
 
 def _sync_dict(result: Any) -> dict[str, Any]:
@@ -199,7 +209,7 @@ def run(dry_run: bool, seed: int = 0) -> dict[str, Any]:
         hf_sync.remember()
         _stats, out["lora_step"] = _train_step(lora, examples, 5e-3, device)
         out["lora_step"]["adapted"] = adapted_summary(lora)
-        out["lora_step"]["sync"] = _sync_dict(hf_sync.check(backend, served_version="lora-1"))
+        out["lora_step"]["sync"] = _checked(lambda: hf_sync.check(backend, served_version="lora-1"))
 
         # one full fine-tuning step on a fresh copy
         full_model, _ = load_model_and_tokenizer(str(folder), dtype=dtype_name, device=device)
@@ -212,8 +222,8 @@ def run(dry_run: bool, seed: int = 0) -> dict[str, Any]:
         full_sync.remember()
         vllm_sync.remember()
         _stats, out["full_step"] = _train_step(full, examples, 1e-3 if cuda else 1e-2, device)
-        out["full_step"]["sync"] = _sync_dict(
-            full_sync.check(full_backend, served_version="full-1")
+        out["full_step"]["sync"] = _checked(
+            lambda: full_sync.check(full_backend, served_version="full-1")
         )
 
         out["vllm"] = _vllm_part(folder, Path(tmp), lora, full, vllm_sync, prompts, sample,
@@ -236,8 +246,12 @@ def _vllm_part(
 
     out: dict[str, Any] = {"available": True, "version": getattr(vllm, "__version__", "?")}
     t0 = time.perf_counter()
-    be = VLLMBackend(str(folder), dtype=dtype, max_context_tokens=4096, enable_lora=True,
-                     max_lora_rank=16, gpu_memory_utilization=0.35 if cuda else 0.1)  # fmt: skip
+    try:
+        be = VLLMBackend(str(folder), dtype=dtype, max_context_tokens=4096, enable_lora=True,
+                         max_lora_rank=16, gpu_memory_utilization=0.35 if cuda else 0.1)  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 - the check reports what failed, in its JSON
+        out["error"] = f"vLLM did not start: {exc}"
+        return out
     out["start_seconds"] = round(time.perf_counter() - t0, 1)
     try:
         out["generate"] = _generate(be, prompts, sample, "cuda" if cuda else "cpu")
@@ -246,16 +260,22 @@ def _vllm_part(
         be.load_adapter(adapter, "lora-1")
         be.generate([list(PROBE_PROMPTS[0])], sample)
         out["lora_swap_seconds"] = round(time.perf_counter() - t0, 3)
-        check = WeightSync(lora).check(be, served_version="lora-1", adapter="lora-1", baseline=True)
-        out["lora_sync"] = _sync_dict(check)
+        out["lora_sync"] = _checked(
+            lambda: WeightSync(lora).check(
+                be, served_version="lora-1", adapter="lora-1", baseline=True
+            )
+        )
         be.unload_adapter("lora-1")
         weights = tmp / "full.safetensors"
         save_full_weights(full, weights)
         t0 = time.perf_counter()
         be.load_weights(weights)
         out["weight_load_seconds"] = round(time.perf_counter() - t0, 3)
-        check = full_sync.check(be, served_version="full-1", label="full weights full-1")
-        out["full_sync"] = _sync_dict(check)
+        out["full_sync"] = _checked(
+            lambda: full_sync.check(be, served_version="full-1", label="full weights full-1")
+        )
+    except Exception as exc:  # noqa: BLE001 - one failed step is a figure, not a traceback
+        out["error"] = f"{type(exc).__name__}: {exc}"
     finally:
         be.close()
     return out
@@ -272,7 +292,20 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out = run(args.dry_run, seed=args.seed)
     print(json.dumps(out, indent=1))
-    return 1 if "error" in out else 0
+    return 0 if healthy(out) else 1
+
+
+def healthy(out: dict[str, Any]) -> bool:
+    """Every step ran and every publish was verified (vLLM's only where it is installed)."""
+    if "error" in out:
+        return False
+    syncs = [out["lora_step"]["sync"], out["full_step"]["sync"]]
+    v = out.get("vllm", {})
+    if v.get("available"):
+        if "error" in v:
+            return False
+        syncs += [v["lora_sync"], v["full_sync"]]
+    return all(s.get("status") == "verified" for s in syncs)
 
 
 if __name__ == "__main__":

@@ -79,3 +79,14 @@ def test_the_gpu_check_runs_within_its_budget_on_cuda() -> None:
         assert out["vllm"]["lora_sync"]["status"] == VERIFIED
         assert out["vllm"]["full_sync"]["status"] == VERIFIED
     assert out["total_seconds"] < 480
+
+
+def test_the_exit_status_says_whether_every_publish_was_verified() -> None:
+    healthy = _module().healthy
+    ok = {"status": VERIFIED}
+    out = {"lora_step": {"sync": ok}, "full_step": {"sync": ok}, "vllm": {"available": False}}
+    assert healthy(out)
+    assert not healthy({**out, "full_step": {"sync": {"status": "mismatch", "error": "stale"}}})
+    assert not healthy({**out, "vllm": {"available": True, "error": "vLLM did not start: oom"}})
+    with_vllm = {"available": True, "lora_sync": ok, "full_sync": {"status": "unverified"}}
+    assert not healthy({**out, "vllm": with_vllm})
