@@ -475,7 +475,8 @@ class HFBackend:
         return toks[:lo]
 
     def close(self) -> None:
-        """Nothing to release: the model belongs to whoever trains it."""
+        """The kept rows go; the model stays, since it belongs to whoever trains it."""
+        self.prefix_cache.clear()
 
 
 def _chosen_logprobs(step_logits: Sequence[Any], chosen: Any) -> Any:
