@@ -442,6 +442,7 @@ class LLMProposer:
             }
             index = usage.requests
             transcript.request(index, payload, len(json.dumps(payload, ensure_ascii=False)))
+
             def fault(message: str, i: int = index) -> None:
                 transcript.add("fault", request=i, message=message)
 
