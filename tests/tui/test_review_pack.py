@@ -234,3 +234,46 @@ async def test_steer_note_travels_as_a_command_into_the_event_log(
     assert [(e.note_id, e.text) for e in recorded] == [(note.note_id, "show the passage titles")]
     again = replay(load_run_events(review_run))  # and a reopened run shows the same note
     assert again.steer_notes[note.note_id].text == "show the passage titles"
+
+
+def test_steer_history_shows_where_each_note_went_and_what_followed() -> None:
+    from whale_lab.events import CandidateProposed, CandidateScored, SteerDelivered, SteerNoted
+    from whale_lab.tui.pack_render import steer_history
+
+    view = replay(
+        [
+            SteerNoted(note_id="s1", text="show the passage titles", by="tui"),
+            SteerNoted(note_id="s2", text="stop after two failed searches", by="tui"),
+            SteerDelivered(
+                note_id="s1",
+                cycle=1,
+                iteration=2,
+                proposer="llm",
+                applied=True,
+                detail="in the system message of its session",
+            ),
+            CandidateProposed(
+                cycle=1,
+                iteration=2,
+                candidate_id="c001",
+                parent_id="c000",
+                hypothesis="titles",
+                surface="tool_io",
+                proposer="llm",
+            ),
+            CandidateScored(
+                candidate_id="c001",
+                success_rate=0.25,
+                mean_turns=2.0,
+                tokens=10,
+                rollouts=4,
+                status="evaluated",
+            ),
+        ]
+    )
+    assert view.steer_notes["s1"].status == "applied"
+    text = steer_history(list(view.steer_notes.values()), {"s3": "keep it short"}, view.candidates)
+    lines = text.plain.splitlines()
+    assert lines[0].startswith("noted") and "waits for the next proposer session" in lines[0]
+    assert "cycle 1 iteration 2 (llm)" in lines[1] and "wrote c001 25%" in lines[1]
+    assert lines[2].startswith("sent") and "next safe point" in lines[2]

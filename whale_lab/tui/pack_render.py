@@ -180,14 +180,23 @@ def _entry(t: Text, e: dict[str, Any]) -> None:
 STEER_STYLE = {"sent": "yellow", "noted": "cyan", "applied": "bold green", "not applicable": "dim"}
 
 
-def steer_history(notes: list[Any], sent: dict[str, str]) -> Text:
+def steer_history(notes: list[Any], sent: dict[str, str], candidates: Any = None) -> Text:
     """The notes written so far, newest first: sent (not yet recorded by the engine), noted
-    (waiting for a proposer session), applied or not applicable (with the session it went to)."""
+    (waiting for a proposer session), applied or not applicable (with the session it went to
+    and, from `candidates` (the view's), what that session wrote and how it scored)."""
     t = Text()
     rows = [("sent", nid, text, "") for nid, text in sent.items()]
     for n in notes:
         where = f"cycle {n.cycle} iteration {n.iteration} ({n.proposer})" if n.iteration else ""
-        rows.append((n.status, n.note_id, n.text, where + (f": {n.detail}" if n.detail else "")))
+        where += f": {n.detail}" if n.detail else ""
+        wrote = [
+            f"{c.candidate_id} {_pct(c.success_rate)}"
+            for c in (candidates or {}).values()
+            if n.iteration and (c.cycle, c.iteration) == (n.cycle, n.iteration)
+        ]
+        if wrote:
+            where += "; wrote " + ", ".join(wrote)
+        rows.append((n.status, n.note_id, n.text, where))
     if not rows:
         t.append("no steer notes yet", style="dim")
         return t

@@ -197,7 +197,9 @@ class ReviewActions(_AppBase):
             f"proposer.kind = {kind!r}: recorded with its outcome, but this proposer does not "
             "read notes (shown as not applicable).",
         )
-        history = pack_render.steer_history(list(self.view.steer_notes.values()), self.steer_sent)
+        history = pack_render.steer_history(
+            list(self.view.steer_notes.values()), self.steer_sent, self.view.candidates
+        )
 
         def got(text: str | None) -> None:
             if not text:
