@@ -239,8 +239,20 @@ def test_full_finetuning_trains_the_served_model_itself(tmp_path: Path) -> None:
     ):
         assert torch.equal(p, q), n
 
+    # a server backend takes full weights where it can load them (vLLM's /collective_rpc);
+    # one that only takes adapters refuses full fine-tuning with one line
     openai = tiny_config(
         rsft={"full_finetune": True}, model={"backend": "openai", "served_model": "x"}
     )
+    served = RsftPhase(
+        RunContext.of(openai, make_backend(openai), ParityDomain(), RunStore(tmp_path / "o"))
+    )
+    assert served.mode == "adapter" and not served.tm.lora
+
+    class AdapterOnly:
+        name = "adapter-only"
+
+        def load_adapter(self, path: str, name: str) -> None: ...
+
     with pytest.raises(WeightsError, match="only take new weights as a LoRA adapter"):
-        RsftPhase(RunContext.of(openai, make_backend(openai), ParityDomain(), RunStore(tmp_path / "o")))
+        RsftPhase(RunContext.of(openai, AdapterOnly(), ParityDomain(), RunStore(tmp_path / "a")))
