@@ -24,9 +24,11 @@ from whale_lab.weights.checkpoint import (
 from whale_lab.weights.lora import WeightsError, attach, load_adapter_weights
 from whale_lab.weights.sft import (
     IGNORE_INDEX,
+    SftExample,
     accept,
     build_examples,
     collate,
+    enable_checkpointing,
     render_prefix,
     sft_pass,
     sum_nll,
@@ -284,3 +286,25 @@ def test_full_finetune_trains_every_weight(tiny: tuple[Any, Any]) -> None:
     tm = attach(copy.deepcopy(model), tok, cfg)
     assert not tm.lora
     assert len(tm.parameters()) == len(list(tm.model.parameters()))
+
+
+def test_gradient_checkpointing_changes_memory_not_the_update() -> None:
+    from whale_lab.config import config_from_dict
+
+    cfg = config_from_dict({"model": {"path": "micro", "lora": {"target_modules": "all-linear"}}})
+    runs = []
+    for checkpointing in (False, True):
+        model, tok = load_model_and_tokenizer("micro")
+        tm = attach(model, tok, cfg)
+        if checkpointing:
+            enable_checkpointing(tm)
+            assert model.is_activation_checkpointing
+        ids = tok("Name three colours: red, green, blue.")["input_ids"]
+        ex = [SftExample(tuple(ids), tuple([IGNORE_INDEX] * 3 + ids[3:]))]
+        opt = torch.optim.AdamW(tm.parameters(), lr=1e-2)
+        stats = sft_pass(tm.model, opt, ex, minibatch_size=1, max_grad_norm=1.0, pad_id=0)
+        runs.append((stats, {n: p.detach().clone() for n, p in tm.named_trainable()}))
+    (plain, w0), (ckpt, w1) = runs
+    assert ckpt.loss == pytest.approx(plain.loss, rel=1e-6)
+    assert ckpt.grad_norm == pytest.approx(plain.grad_norm, rel=1e-5)
+    assert all(torch.allclose(w0[n], w1[n], atol=1e-6) for n in w0)

@@ -171,13 +171,19 @@ def enable_checkpointing(tm: Any) -> None:
     checkpointing keeps gradients flowing to LoRA weights behind frozen embeddings; generation
     (eval mode) is unaffected."""
     base = tm.base
-    if not callable(getattr(base, "gradient_checkpointing_enable", None)):
+    kwargs = {"use_reentrant": False}
+    enable = getattr(base, "activation_checkpointing_enable", None)  # transformers >= 5.x's name
+    if callable(enable):
+        enable(activation_checkpointing_kwargs=kwargs)
+        return
+    enable = getattr(base, "gradient_checkpointing_enable", None)
+    if not callable(enable):
         from whale_lab.weights.lora import WeightsError
 
         raise WeightsError(
             f"rsft.gradient_checkpointing: {type(base).__name__} does not support it"
         )
-    base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def collate(examples: Sequence[SftExample], pad_id: int, device: Any = "cpu") -> dict[str, Any]:
