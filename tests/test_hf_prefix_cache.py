@@ -203,3 +203,14 @@ def test_a_call_made_while_another_runs_keeps_nothing(model_and_tok: tuple) -> N
         second = [_next_turn(p, "x") for p in FIRST]
         assert kept.generate(second, GREEDY) == cold.generate(second, GREEDY)
     assert len(kept.prefix_cache) == rows and kept.prefix_cache.stats.lookups == 3
+
+
+def test_the_training_window_frees_the_kept_rows_before_an_update(model_and_tok: tuple) -> None:
+    """RSFT trains inside `backend.training_window()`: the kept rows would be stale after the
+    update, and on a GPU their memory belongs to the SFT pass."""
+    kept = _backend(model_and_tok)
+    first = kept.generate(FIRST, GREEDY)
+    assert len(kept.prefix_cache) > 0
+    with kept.training_window():
+        assert len(kept.prefix_cache) == 0
+    assert kept.generate(FIRST, GREEDY) == first  # nothing changed, so the same replies

@@ -474,6 +474,14 @@ class HFBackend:
                 lo = mid + 1
         return toks[:lo]
 
+    @contextlib.contextmanager
+    def training_window(self) -> Iterator[None]:
+        """The kept rows go before the trainer runs: the update makes them stale anyway, and on a
+        GPU their memory (up to `model.hf.prefix_cache_mb`) is better spent on the SFT pass."""
+        with self._prefix_lock:
+            self.prefix_cache.clear()
+        yield
+
     def close(self) -> None:
         """The kept rows go; the model stays, since it belongs to whoever trains it."""
         self.prefix_cache.clear()

@@ -12,7 +12,7 @@ weights serve the very next rollouts:
   into the server as `step-<n>` before the next rollouts.
 * full fine-tuning on a backend with `load_weights(path)` (in-process vLLM): a local copy is
   trained in full and its weights are written to one safetensors file and loaded into the
-  serving engine after each update. Backends with `training_window()` (vLLM's sleep mode) give
+  serving engine after each update. Backends with `training_window()` (vLLM's sleep mode, hf freeing its kept rows) give
   the SFT pass their memory while it runs.
 
 After every publish the backend's greedy log-probabilities on a few probe prompts are checked
