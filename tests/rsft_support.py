@@ -87,6 +87,9 @@ def tiny_config(**sections: dict[str, Any]) -> Config:
             "learning_rate": 0.05,
             "eval_every": 10.0,
         },
+        # equal weight phases, as the engine tests count them (the shipped default shortens the
+        # first one for the app: tests/test_schedules.py)
+        "schedule": {"first_weight_epochs": 0.0},
     }
     for name, values in sections.items():
         table = data.setdefault(name, {})

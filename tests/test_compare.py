@@ -30,6 +30,7 @@ SHORT = [
     "harness_search.smoke_tasks=2",
     "schedule.cycles=1",
     "schedule.weight_epochs=0.25",
+    "schedule.first_weight_epochs=0",
     "schedule.harness_iterations=2",
     "schedule.total_weight_epochs=0.25",
     "schedule.total_harness_iterations=2",

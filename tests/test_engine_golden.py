@@ -48,8 +48,9 @@ def golden_config(folder: Path) -> Any:
             "sampling": {"k": 2, "max_new_tokens": 48},
             "rsft": {"prompts_per_step": 2, "samples_per_prompt": 2, "eval_every": 0.5},
             "harness_search": {"candidates_per_iteration": 2, "smoke_tasks": 1},
+            # equal weight phases (the shipped default shortens only the first, for the app)
             "schedule": {"kind": "whale", "cycles": 1, "weight_epochs": 0.5,
-                         "harness_iterations": 2},
+                         "first_weight_epochs": 0.0, "harness_iterations": 2},
             "approval": {"mode": "auto"},
         }
     )

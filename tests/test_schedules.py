@@ -18,10 +18,32 @@ def _kinds(cfg: ScheduleConfig) -> list[tuple[str, int, float]]:
 
 
 def test_whale_alternates_and_ends_after_a_weight_phase() -> None:
-    cfg = ScheduleConfig(kind="whale", cycles=2, weight_epochs=0.6, harness_iterations=6)
+    cfg = ScheduleConfig(kind="whale", cycles=2, weight_epochs=0.6, first_weight_epochs=0.0,
+                         harness_iterations=6)
     assert _kinds(cfg) == [("weight", 1, 0.6), ("harness", 1, 6.0), ("weight", 2, 0.6),
                            ("harness", 2, 6.0), ("weight", 3, 0.6)]
     assert not any(p.prompt_only for p in plan(cfg))
+
+
+def test_a_shorter_first_weight_phase_changes_only_the_first() -> None:
+    """The app's default reaches its first harness review sooner; later phases keep E, and 0
+    (the paper's schedule, and the comparison's) means every phase gets weight_epochs."""
+    cfg = ScheduleConfig(kind="whale", cycles=2, weight_epochs=0.6, first_weight_epochs=0.1)
+    assert _kinds(cfg) == [("weight", 1, 0.1), ("harness", 1, 6.0), ("weight", 2, 0.6),
+                           ("harness", 2, 6.0), ("weight", 3, 0.6)]
+    same = ScheduleConfig(kind="whale", cycles=2, weight_epochs=0.6, first_weight_epochs=0.0)
+    assert [p.budget for p in plan(same) if p.kind == "weight"] == [0.6, 0.6, 0.6]
+
+
+def test_the_shipped_whale_toml_starts_with_a_short_first_weight_phase() -> None:
+    from pathlib import Path
+
+    from whale_lab.config import load_config
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = load_config(str(root / "whale.toml"), []).schedule
+    assert plan(cfg)[0].budget == cfg.first_weight_epochs == 0.1
+    assert plan(cfg)[2].budget == cfg.weight_epochs
 
 
 def test_prompt_only_is_whale_with_prompt_only_harness_phases() -> None:

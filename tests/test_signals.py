@@ -50,6 +50,7 @@ iterations = 2
 kind = "whale"
 cycles = 1
 weight_epochs = 1.0
+first_weight_epochs = 0.0
 harness_iterations = 2
 [approval]
 mode = "auto"

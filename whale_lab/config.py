@@ -282,6 +282,9 @@ class ScheduleConfig:
     ] = "whale"
     cycles: int = _f(2, 1, MAX_ITERATIONS)
     weight_epochs: float = _f(0.6, 0.0, MAX_EPOCHS, lo_open=True)
+    # whale / prompt-only: the first weight phase's budget in epochs (short, so the app's first
+    # review comes within minutes on a CPU); 0 = weight_epochs, the paper's equal phases
+    first_weight_epochs: float = _f(0.1, 0.0, MAX_EPOCHS)
     harness_iterations: int = _f(6, 1, MAX_ITERATIONS)
     # adaptive schedule
     window_epochs: float = _f(0.2, 0.0, MAX_EPOCHS, lo_open=True)

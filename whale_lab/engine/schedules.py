@@ -59,7 +59,9 @@ def plan(cfg: ScheduleConfig) -> list[PhaseSpec]:
         prompt_only = kind == "prompt-only"
         phases: list[PhaseSpec] = []
         for c in range(1, cfg.cycles + 1):
-            phases.append(PhaseSpec("weight", c, cfg.weight_epochs))
+            first = c == 1 and cfg.first_weight_epochs > 0
+            epochs = cfg.first_weight_epochs if first else cfg.weight_epochs
+            phases.append(PhaseSpec("weight", c, epochs))
             phases.append(
                 PhaseSpec("harness", c, float(cfg.harness_iterations), prompt_only=prompt_only)
             )
