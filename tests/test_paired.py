@@ -85,3 +85,14 @@ def test_scores_by_task_marks_backend_errors_invalid() -> None:
         {"task_id": "b", "reward": 0.0, "stop_reason": "turn_cap"},
     ]
     assert scores_by_task(traces) == {"a": [1.0, None], "b": [0.0]}
+
+
+def test_a_bound_at_zero_up_to_rounding_does_not_exclude_zero() -> None:
+    """Pooled per-task means leave bounds like 1e-18 where the bootstrap's is exactly 0."""
+    from whale_lab.paired import PairedResult
+
+    r = PairedResult(24, 0.1, 0.15, 0.05, 1.2e-18, 0.1, 12, 4, 8, sd=0.1)
+    assert not r.excludes_zero and r.verdict() == "inconclusive"
+    assert PairedResult(24, 0.1, 0.15, 0.05, 0.003, 0.1, 12, 4, 8, sd=0.1).excludes_zero
+    worse = PairedResult(24, 0.15, 0.1, -0.05, -0.1, -1.2e-18, 4, 12, 8, sd=0.1)
+    assert not worse.excludes_zero and worse.verdict() == "inconclusive"

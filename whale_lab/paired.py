@@ -20,6 +20,8 @@ METHOD = "percentile bootstrap over tasks"
 DEFAULT_RESAMPLES = 2000
 DEFAULT_LEVEL = 0.95
 MIN_TASKS = 5  # fewer paired tasks never support a verdict
+# a bound this close to zero is zero: means of per-task means carry rounding error (1e-18)
+_EPS = 1e-12
 _Z = {0.8: 1.2816, 0.9: 1.6449, 0.95: 1.96, 0.99: 2.5758}
 
 
@@ -43,7 +45,7 @@ class PairedResult:
 
     @property
     def excludes_zero(self) -> bool:
-        return self.n_tasks >= MIN_TASKS and (self.low > 0.0 or self.high < 0.0)
+        return self.n_tasks >= MIN_TASKS and (self.low > _EPS or self.high < -_EPS)
 
     @property
     def interval(self) -> tuple[float, float]:
@@ -54,9 +56,9 @@ class PairedResult:
         else "inconclusive"."""
         if self.n_tasks < MIN_TASKS:
             return "inconclusive"  # the bootstrap is too optimistic on a handful of tasks
-        if self.low > margin:
+        if self.low > margin + _EPS:
             return "better"
-        if self.high < -margin:
+        if self.high < -margin - _EPS:
             return "worse"
         return "inconclusive"
 
