@@ -80,3 +80,28 @@ def test_printed_summary_uses_the_domain_rows(capsys: pytest.CaptureFixture[str]
     out = capsys.readouterr().out
     assert "searches" in out and "% of turns" in out
     assert "illegal" not in out and "python" not in out
+
+
+def _judged(reward: float, em: bool, verdict: str | None) -> EpisodeTrace:
+    t = _trace("answered" if verdict is not None else "turn_cap", reward)
+    t.info.update({"em": em, "judge": verdict})
+    return t
+
+
+def test_a_judged_search_eval_reports_exact_match_beside_the_judge() -> None:
+    """The judge decides the reward; exact match over the same episodes and the judge's fallback
+    share are shown beside it, and only where a judge scored."""
+    diag = metrics.diagnostics(
+        [
+            _judged(1.0, em=False, verdict="correct"),  # a paraphrase the judge accepted
+            _judged(1.0, em=True, verdict="correct"),
+            _judged(0.0, em=False, verdict="fallback"),  # no verdict: exact match decided
+            _judged(0.0, em=False, verdict=None),  # never answered
+        ]
+    )
+    assert diag["exact_match"] == 0.25
+    assert diag["judge_fallback_share"] == pytest.approx(1 / 3)
+    rows = {label: (value, unit) for label, value, unit in metrics.summary_rows("search", diag)}
+    assert rows["exact match (beside the judge)"] == ("25.0", "% of episodes")
+    assert rows["judge gave no verdict (exact match decided)"] == ("33.3", "% of answered episodes")
+    assert "exact_match" not in DIAG  # no judge, no row: exact match is the reward itself

@@ -120,6 +120,15 @@ def diagnostics(traces: Sequence[EpisodeTrace]) -> dict[str, float]:
     answered = [t for t in valid(traces) if t.stop_reason == "answered"]
     if answered:
         out["accuracy_when_answered"] = sum(t.reward > 0.5 for t in answered) / len(answered)
+    # an LLM judge scored the answers: exact match is reported beside it, over the same episodes
+    judged = [t for t in valid(traces) if "judge" in t.info]
+    if judged:
+        out["exact_match"] = sum(bool(t.info.get("em")) for t in judged) / len(judged)
+        answered_judged = [t for t in judged if t.info.get("judge") is not None]
+        if answered_judged:
+            out["judge_fallback_share"] = sum(
+                t.info.get("judge") == "fallback" for t in answered_judged
+            ) / len(answered_judged)
     return out
 
 
@@ -167,6 +176,13 @@ DOMAIN_DIAGNOSTICS: dict[str, tuple[tuple[str, str, str, float], ...]] = {
         ("tool_error_rate", "search errors", "% of tool calls", 100.0),
         ("retrieval_recall", "retrieval recall", "%, mean over episodes", 100.0),
         ("accuracy_when_answered", "correct when answered", "% of answered episodes", 100.0),
+        ("exact_match", "exact match (beside the judge)", "% of episodes", 100.0),
+        (
+            "judge_fallback_share",
+            "judge gave no verdict (exact match decided)",
+            "% of answered episodes",
+            100.0,
+        ),
         *_COMMON_LAST,
     ),
     "chess": (
