@@ -21,6 +21,18 @@ machine CPU seconds are the steadier figure. The run's events give the rollout c
     python benchmarks/cycle_split.py                         # one default cycle
     python benchmarks/cycle_split.py --set rsft.eval_every=0.5 --set domain.splits.val=24
     python benchmarks/cycle_split.py --set schedule.weight_epochs=0.1 --json   # a quick look
+
+`--app` times the same cycle headless and in the app, arms alternated over `--rounds` rounds in
+this one process (headless first in odd rounds, the app first in even ones). The app arm is
+`WhaleLabApp` driven by Textual's `App.run_test` at 120x40: the engine in the app's worker thread,
+the UI on this thread redrawing as it would for a person (headless Textual draws the same
+frames, it only does not write them to a terminal). It prints each arm's split (median over the
+rounds) and app/headless throughput (headless seconds over app seconds: 1.0 means the app costs
+nothing) per round, min/median/max, in CPU seconds (the whole process: the UI thread's work is the
+app's cost) and in wall seconds. `--profile-ui FILE` keeps a cProfile of the UI thread over the
+app arms (`python -m pstats FILE`).
+
+    python benchmarks/cycle_split.py --app --rounds 3 --set schedule.weight_epochs=0.1
 """
 
 from __future__ import annotations
@@ -53,6 +65,10 @@ class Timers:
     """Exclusive time per category: a wrapped call's time, less that of wrapped calls inside it."""
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Start counting afresh (the wrapped methods stay wrapped: one cycle per arm)."""
         self.wall: dict[str, float] = defaultdict(float)
         self.cpu: dict[str, float] = defaultdict(float)
         self._stack: list[list[float]] = []  # per open call: nested wall, nested cpu
@@ -110,40 +126,65 @@ def _instrument(timers: Timers) -> None:
     timers.wrap(rollout, "_step_all", "tools", nested=True)
 
 
-def run_cycle(overrides: list[str], folder: Path) -> dict[str, Any]:
+TIMERS = Timers()
+_INSTRUMENTED: list[bool] = []
+
+
+def _config(overrides: list[str], folder: Path) -> Any:
     from whale_lab.config import load_config
 
-    cfg = load_config(
+    return load_config(
         REPO / "whale.toml",
         [f"run.directory={json.dumps(str(folder / 'runs'))}", 'approval.mode="auto"',
          'schedule.kind="whale"', *overrides],
     )
-    from whale_lab.quiet import quiet_libraries
 
-    quiet_libraries()
-    timers = Timers()
-    _instrument(timers)
+
+def _engine_until_cycle_two(cfg: Any, root: Path, commands: Any, ends: list[Any]) -> Any:
+    """An engine on `root` that is asked to stop as soon as cycle 2 begins."""
     from whale_lab.engine.engine import Engine
     from whale_lab.events import PhaseStarted
     from whale_lab.reviewers import AutoReviewer
-    from whale_lab.seams import Command, CommandChannel
+    from whale_lab.seams import Command
     from whale_lab.store import RunStore
 
-    store = RunStore(folder / "run")
-    commands = CommandChannel()
-    ends: list[tuple[float, float]] = []
+    store = RunStore(root)
 
     def after_cycle_one(ev: Any) -> None:
         if isinstance(ev, PhaseStarted) and ev.cycle >= 2 and not ends:
             ends.append(_clock())
-            timers.freeze()
+            TIMERS.freeze()
             commands.send(Command("stop", by="benchmark", reason="cycle 1 is over"))
 
     store.subscribe(after_cycle_one)
+    return Engine(cfg, store, reviewer=AutoReviewer(), commands=commands), store
+
+
+def run_cycle(overrides: list[str], folder: Path, *, app: bool = False,
+              profile: Any = None) -> dict[str, Any]:
+    """One cycle, headless or in the app (`profile`: a cProfile.Profile for the UI thread)."""
+    cfg = _config(overrides, folder)
+    from whale_lab.quiet import quiet_libraries
+
+    quiet_libraries()
+    if not _INSTRUMENTED:
+        _instrument(TIMERS)
+        _INSTRUMENTED.append(True)
+    TIMERS.reset()
+    timers = TIMERS
+    from whale_lab.seams import CommandChannel
+
+    ends: list[tuple[float, float]] = []
+    root = folder / ("run-app" if app else "run")
     wall0, cpu0 = _clock()
-    engine = Engine(cfg, store, reviewer=AutoReviewer(), commands=commands)
-    engine.run()
-    store.close()
+    ui_cpu = 0.0
+    if app:
+        store, ui_cpu = _app_cycle(cfg, root, ends, profile)
+    else:
+        commands = CommandChannel()
+        engine, store = _engine_until_cycle_two(cfg, root, commands, ends)
+        engine.run()
+        store.close()
     end_wall, end_cpu = ends[0] if ends else _clock()
     wall_total, cpu_total = end_wall - wall0, end_cpu - cpu0
     walls, cpus = timers.frozen or (dict(timers.wall), dict(timers.cpu))
@@ -167,7 +208,42 @@ def run_cycle(overrides: list[str], folder: Path) -> dict[str, Any]:
         "events": _from_events(store.root),
         "run": str(store.root),
         "completed_cycle": bool(ends),
+        "arm": "app" if app else "headless",
+        "ui_thread_cpu_s": ui_cpu,  # the app arm: CPU seconds of the UI thread alone
     }
+
+
+def _app_cycle(cfg: Any, root: Path, ends: list[Any], profile: Any) -> tuple[Any, float]:
+    """The cycle in the app: `App.run_test` at 120x40 until the engine worker has finished."""
+    import asyncio
+
+    from whale_lab.tui.app import WhaleLabApp
+
+    stores: list[Any] = []
+
+    def factory(cfg_: Any, run_dir: Any, reviewer: Any, commands: Any) -> tuple[Any, Any]:
+        engine, store = _engine_until_cycle_two(cfg_, root, commands, ends)
+        stores.append(store)
+        return engine, store
+
+    app = WhaleLabApp(cfg, engine_factory=factory)
+
+    async def drive() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            while not app._engine_started or app.engine_running:
+                await pilot.pause(0.2)
+            if app.engine_error:
+                raise RuntimeError(f"the engine failed in the app: {app.engine_error}")
+
+    ui0 = time.thread_time()
+    if profile is not None:
+        profile.enable()
+    try:
+        asyncio.run(drive())
+    finally:
+        if profile is not None:
+            profile.disable()
+    return stores[-1], time.thread_time() - ui0
 
 
 def _from_events(root: Path) -> dict[str, Any]:
@@ -224,13 +300,75 @@ def _print(result: dict[str, Any], out: Callable[[str], None] = print) -> None:
         f"{100 * share['cpu_s'] / cpu:.1f}% of CPU (target <= 25%)")
 
 
+def _stats(values: list[float]) -> str:
+    return f"min {min(values):.3f}  median {_median(values):.3f}  max {max(values):.3f}"
+
+
+def _median(values: list[float]) -> float:
+    v = sorted(values)
+    n = len(v)
+    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+
+
+def _median_result(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One arm's rounds folded into their medians, row by row."""
+    out = dict(results[0])
+    out["wall_s"] = _median([r["wall_s"] for r in results])
+    out["cpu_s"] = _median([r["cpu_s"] for r in results])
+    out["rows"] = {
+        row: {k: _median([r["rows"][row][k] for r in results]) for k in ("wall_s", "cpu_s")}
+        for row in ROWS
+    }
+    out["tools"] = {k: _median([r["tools"][k] for r in results]) for k in ("wall_s", "cpu_s")}
+    out["completed_cycle"] = all(r["completed_cycle"] for r in results)
+    out["ui_thread_cpu_s"] = _median([r["ui_thread_cpu_s"] for r in results])
+    return out
+
+
+def compare_arms(overrides: list[str], rounds: int, folder: Path,
+                 profile_path: str | None) -> dict[str, Any]:
+    """Headless and app arms alternated over `rounds`; per-round app/headless ratios."""
+    import cProfile
+
+    profile = cProfile.Profile() if profile_path else None
+    arms: dict[str, list[dict[str, Any]]] = {"headless": [], "app": []}
+    for i in range(rounds):
+        order = ("headless", "app") if i % 2 == 0 else ("app", "headless")
+        for arm in order:
+            sub = folder / f"round-{i}-{arm}"
+            sub.mkdir(parents=True)
+            arms[arm].append(run_cycle(overrides, sub, app=arm == "app", profile=profile))
+    if profile is not None and profile_path:
+        profile.dump_stats(profile_path)
+    ratios = {
+        unit: [h[f"{unit}_s"] / a[f"{unit}_s"] for h, a in zip(arms["headless"], arms["app"], strict=True)]
+        for unit in ("cpu", "wall")
+    }
+    return {
+        "rounds": rounds,
+        "headless": _median_result(arms["headless"]),
+        "app": _median_result(arms["app"]),
+        "ratio_cpu": ratios["cpu"],
+        "ratio_wall": ratios["wall"],
+        "ratio_cpu_median": _median(ratios["cpu"]),
+        "ratio_wall_median": _median(ratios["wall"]),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE", help="a config override, as for whale-lab")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--keep", action="store_true", help="keep the run folder")
+    parser.add_argument("--app", action="store_true",
+                        help="time the cycle headless and in the app, arms alternated")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of both arms (--app)")
+    parser.add_argument("--profile-ui", default=None, metavar="FILE",
+                        help="cProfile of the UI thread over the app arms (--app)")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     try:
         from whale_lab.threads import configure
     except ImportError:  # a checkout from before whale-lab chose its threads
@@ -239,7 +377,10 @@ def main(argv: list[str] | None = None) -> int:
         configure()  # the thread count whale-lab's own commands use
     folder = Path(tempfile.mkdtemp(prefix="whale-cycle-"))
     try:
-        result = run_cycle(args.overrides, folder)
+        if args.app:
+            result = compare_arms(args.overrides, args.rounds, folder, args.profile_ui)
+        else:
+            result = run_cycle(args.overrides, folder)
     finally:
         if not args.keep:
             import shutil
@@ -247,6 +388,15 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(folder, ignore_errors=True)
     if args.json:
         print(json.dumps(result, indent=1))
+    elif args.app:
+        for arm in ("headless", "app"):
+            print(f"[{arm}, median of {result['rounds']} rounds]")
+            _print(result[arm])
+        ui, cpu = result["app"]["ui_thread_cpu_s"], result["app"]["cpu_s"]
+        print(f"UI thread: {ui:.1f} CPU s of the app arm's {cpu:.1f} (median)")
+        print(f"app/headless throughput over {result['rounds']} rounds (target >= 0.95):")
+        print(f"  CPU seconds   {_stats(result['ratio_cpu'])}")
+        print(f"  wall seconds  {_stats(result['ratio_wall'])}")
     else:
         _print(result)
     return 0

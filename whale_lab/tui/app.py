@@ -82,6 +82,12 @@ REVIEW_ACTIONS = ("approve", "reject", "edit", "pin", *PACK_ACTIONS)
 ROLLOUT_ACTIONS = ("filter", "open_trace")
 MAX_EVENTS_PER_FLUSH = 20_000
 OUTPUT_LOG = "tui-output.log"  # what libraries write to the terminal, in the run folder
+#: Areas the flush timer redraws together at most once every `PACE` seconds. Each redraw of
+#: them is a layout pass over the whole screen (the header's lines, the rollouts table growing),
+#: the UI thread's largest cost (benchmarks/cycle_split.py --app --profile-ui), and it takes the
+#: GIL from the engine; drawn together, they cost one pass, and nobody reads rows faster.
+PACED = ("status", "rollouts", "accuracy", "log")
+PACE = 1.0
 DEFERRED_AREAS = ("rollouts", "accuracy", "control")
 TAB_FOCUS = {
     "rollouts": "#rollouts-table",
@@ -142,6 +148,9 @@ class WhaleLabApp(Launcher, ControlActions, ReviewActions, EngineWorker, App[int
         self._main_screen: Screen[Any] | None = None
         self._bindings_signature: tuple[Any, ...] = ()
         self._dirty: set[str] = set()
+        self._paced: set[str] = set()  # areas changed since their last paced redraw
+        self._paced_at = float("-inf")
+        self._shown_root: tuple[Path | None, str] = (None, "")
         self._starts_at_launch = 0
         if self.keymap:
             self.set_keymap(self.keymap)
@@ -297,15 +306,28 @@ class WhaleLabApp(Launcher, ControlActions, ReviewActions, EngineWorker, App[int
             self._q(LogPanel).notice(level, msg)
         if changed & {"status", "reviews"}:
             changed.add("control")  # its buttons follow the engine's state
+        changed = self._pace(changed, now)
         if changed:
             self._refresh(changed)
+
+    def _pace(self, changed: set[str], now: float) -> set[str]:
+        """Hold back the `PACED` areas until `PACE` seconds after their last redraw, then draw
+        every one that changed meanwhile in one go (nothing that changed is dropped)."""
+        self._paced |= changed & set(PACED)
+        changed -= set(PACED)
+        if self._paced and now - self._paced_at >= PACE:
+            changed |= self._paced
+            self._paced = set()
+            self._paced_at = now
+        return changed
 
     def flush_now(self) -> None:
         """Apply everything queued so far and redraw every panel (tests, and before quitting)."""
         while self._inbox:
             self._flush_events()
         self._flush_events()
-        self._refresh(set(self._dirty), rebuild=True)
+        self._refresh(self._dirty | self._paced, rebuild=True)
+        self._paced.clear()
 
     def _refresh_all(self) -> None:
         self._refresh(
@@ -368,12 +390,18 @@ class WhaleLabApp(Launcher, ControlActions, ReviewActions, EngineWorker, App[int
     def _fallback(self) -> dict[str, str]:
         return {
             "run": self.run_root.name if self.run_root else "",
-            "path": shown_path(self.run_root) if self.run_root else "",
+            "path": self._shown_run_path(),
             "note": self._status_note(),
             "model": self.cfg.model.path,
             "domain": self.cfg.domain.name,
             "schedule": self.cfg.schedule.kind,
         }
+
+    def _shown_run_path(self) -> str:
+        if self._shown_root[0] != self.run_root:
+            shown = shown_path(self.run_root) if self.run_root is not None else ""
+            self._shown_root = (self.run_root, shown)
+        return self._shown_root[1]
 
     def _status_note(self) -> str:
         if self.read_only_pid is not None:
