@@ -96,3 +96,10 @@ def test_a_bound_at_zero_up_to_rounding_does_not_exclude_zero() -> None:
     assert PairedResult(24, 0.1, 0.15, 0.05, 0.003, 0.1, 12, 4, 8, sd=0.1).excludes_zero
     worse = PairedResult(24, 0.15, 0.1, -0.05, -0.1, -1.2e-18, 4, 12, 8, sd=0.1)
     assert not worse.excludes_zero and worse.verdict() == "inconclusive"
+
+
+def test_a_difference_of_zero_up_to_rounding_names_no_needed_size() -> None:
+    from whale_lab.paired import needed_tasks
+
+    assert needed_tasks(0.1, 1e-17) is None
+    assert needed_tasks(0.1, 0.05) == 32

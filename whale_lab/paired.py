@@ -94,8 +94,8 @@ class PairedResult:
 
 def needed_tasks(sd: float, effect: float, level: float = DEFAULT_LEVEL) -> int | None:
     """n with z_(1-alpha/2) + z_power = effect / (sd / sqrt(n)), power 0.8."""
-    if effect <= 0 or sd <= 0 or not math.isfinite(sd) or not math.isfinite(effect):
-        return None
+    if effect <= _EPS or sd <= 0 or not math.isfinite(sd) or not math.isfinite(effect):
+        return None  # a zero difference (up to rounding) needs no size, any size fails it
     z = _Z.get(round(level, 2), 1.96) + 0.8416
     return max(2, math.ceil((z * sd / effect) ** 2))
 
