@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -98,8 +99,36 @@ def test_help(snap_compare, fixture_run) -> None:
     assert snap_compare(app_on(fixture_run), press=["question_mark"], terminal_size=WIDE)
 
 
-def test_quit_confirmation(snap_compare, tmp_path) -> None:
+class _FrozenClock:
+    """`time` as the app's header reads it, stopped at one instant (the rest of `time` as is)."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def time(self) -> float:
+        return self.now
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+def freeze_header_clock(monkeypatch: pytest.MonkeyPatch, run: Path) -> None:
+    """With an engine running, the header counts elapsed time and rates up to the wall clock;
+    stopped at the run's last event, the picture is the same at any hour."""
+    import json
+
+    from whale_lab.tui import app as app_module
+    from whale_lab.tui import render
+
+    lines = (run / "events.jsonl").read_text(encoding="utf-8").splitlines()
+    clock = _FrozenClock(float(json.loads(lines[-1])["ts"]))
+    monkeypatch.setattr(app_module, "time", clock)
+    monkeypatch.setattr(render, "time", clock)
+
+
+def test_quit_confirmation(snap_compare, tmp_path, monkeypatch) -> None:
     run = cut_run(tmp_path, "quit", "weight_step", nth=2)
+    freeze_header_clock(monkeypatch, run)
     app = app_on(run)
 
     class Running:  # the engine worker as the quit key sees it: still running mid-phase
@@ -107,6 +136,8 @@ def test_quit_confirmation(snap_compare, tmp_path) -> None:
 
     async def engine_mid_phase(pilot: Any) -> None:
         app._engine_worker = Running()  # type: ignore[assignment]
+        app.flush_now()  # the header redrawn now, not at the pace's next tick
+        await pilot.pause()
 
     assert snap_compare(app, press=["q"], terminal_size=SIZE, run_before=engine_mid_phase)
 
