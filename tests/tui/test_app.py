@@ -334,6 +334,10 @@ async def test_open_trace_in_a_live_run_reads_the_new_run_folder(make_engines, w
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: engines.engines and engines.engine.holding.is_set())
         await wait_for(pilot, lambda: app.view.episode_count >= 8)
+        # The engine is held, so nothing more arrives; the table is redrawn at most once a second
+        # (app.PACE), so draw it now: `o` opens the row the cursor is on, the newest episode.
+        app.flush_now()
+        await pilot.pause()
         await pilot.press("o")
         assert isinstance(app.screen, TraceScreen)
         assert app.screen.trace.task_id == app.view.episodes[-1].task_id
