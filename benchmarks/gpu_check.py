@@ -9,10 +9,11 @@ It builds a random-initialised Qwen3-shaped model of about 0.5B parameters (hidd
 layers, grouped-query attention; the micro tokenizer, so nothing is downloaded), saves it to a
 temporary folder and measures:
 
-* `hf_generate`: the hf backend's sampling throughput in bf16 at batch 64 (tokens per second);
-* `lora_step` / `full_step`: one RSFT update (LoRA on all linear layers, then full fine-tuning
-  of a fresh copy): seconds, peak GPU memory, loss, and the served-policy check
-  (`weights/sync.py`) of the hf backend after the publish;
+* `hf_generate`: the hf backend's sampling throughput in bf16 at batch 64 (tokens per second of
+  the second call; the first, which loads kernels, beside it) and which scheduler ran;
+* `lora_step` / `full_step`: an RSFT update (LoRA on all linear layers, then full fine-tuning
+  of a fresh copy; the second of two passes is timed): seconds, peak GPU memory, loss, and the
+  served-policy check (`weights/sync.py`) of the hf backend after the publish;
 * `vllm` (only where vLLM is installed; otherwise it says so): vLLM's throughput on the same
   prompts, the LoRA swap time (load the adapter, first generation with it), and the served-policy
   check after publishing the LoRA adapter and after loading the full fine-tuned weights through
@@ -113,20 +114,29 @@ def _sync_dict(result: Any) -> dict[str, Any]:
 
 
 def _generate(backend: Any, prompts: list, params: Any, device: str) -> dict[str, Any]:
-    """Tokens per second of one batched generation, after one warm-up call."""
+    """Tokens per second of one batched generation at steady state: the same batch is generated
+    once first, since a process's first call at a batch size loads CUDA kernels and fills the
+    allocator (on an H200 the first batch-64 call took four times the second); both are given."""
     import torch
 
-    backend.generate(prompts[:2], params)
-    if device == "cuda":
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    gens = backend.generate(prompts, params)
-    if device == "cuda":
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - t0
-    tokens = sum(g.completion_tokens for g in gens)
-    return {"batch": len(prompts), "tokens": tokens, "seconds": round(seconds, 3),
-            "tok_per_s": round(tokens / seconds, 1) if seconds > 0 else None}  # fmt: skip
+    def timed() -> tuple[float, int]:
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        gens = backend.generate(prompts, params)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0, sum(g.completion_tokens for g in gens)
+
+    first, _ = timed()
+    seconds, tokens = timed()
+    out = {"batch": len(prompts), "tokens": tokens, "seconds": round(seconds, 3),
+           "tok_per_s": round(tokens / seconds, 1) if seconds > 0 else None,
+           "first_call_seconds": round(first, 3)}  # fmt: skip
+    scheduler = getattr(backend, "_supports_refill", None)
+    if scheduler is not None:  # the hf backend: continuous batching, or padded model.generate
+        out["scheduler"] = "continuous" if backend.continuous and scheduler() else "padded"
+    return out
 
 
 def _examples(backend: Any, prompts: list, gens: list, eos: int) -> list[Any]:
@@ -143,21 +153,27 @@ def _examples(backend: Any, prompts: list, gens: list, eos: int) -> list[Any]:
 
 
 def _train_step(tm: Any, examples: list, lr: float, device: str) -> tuple[Any, dict[str, Any]]:
+    """Two SFT passes over the same batch; the second is the figure (the first loads the backward
+    kernels and the optimizer state). Both update the weights the sync check then compares."""
     import torch
 
     from whale_lab.weights.sft import sft_pass
 
     optimizer = torch.optim.AdamW(tm.parameters(), lr=lr)
     _reset_peak(device)
-    t0 = time.perf_counter()
-    stats = sft_pass(tm.model, optimizer, examples, minibatch_size=16, max_grad_norm=1.0,
-                     pad_id=int(tm.tokenizer.pad_token_id), params=tm.parameters(),
-                     minibatch_unit="trajectories")  # fmt: skip
-    if device == "cuda":
-        torch.cuda.synchronize()
+    times = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        stats = sft_pass(tm.model, optimizer, examples, minibatch_size=16, max_grad_norm=1.0,
+                         pad_id=int(tm.tokenizer.pad_token_id), params=tm.parameters(),
+                         minibatch_unit="trajectories")  # fmt: skip
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
     tm.eval()
     return stats, {
-        "seconds": round(time.perf_counter() - t0, 3),
+        "seconds": round(times[1], 3),
+        "first_pass_seconds": round(times[0], 3),
         "peak_memory_gb": _peak_gb(device),
         "loss": None if stats.loss is None else round(stats.loss, 4),
         "minibatches": stats.minibatches,
@@ -183,8 +199,12 @@ def run(dry_run: bool, seed: int = 0) -> dict[str, Any]:
     dtype_name = "bfloat16" if cuda else "float32"
     dtype = getattr(torch, dtype_name)
     shape = TINY if dry_run else FULL
+    import transformers
+
     out: dict[str, Any] = {"dry_run": dry_run, "device": device, "dtype": dtype_name,
-                           "gpu": torch.cuda.get_device_name(0) if cuda else None}  # fmt: skip
+                           "gpu": torch.cuda.get_device_name(0) if cuda else None,
+                           "versions": {"torch": torch.__version__,
+                                        "transformers": transformers.__version__}}  # fmt: skip
     if not cuda and not dry_run:
         out["error"] = "no CUDA device: run on the GPU box, or pass --dry-run"
         return out

@@ -40,6 +40,7 @@ def test_the_dry_run_prints_one_json_object_with_every_step_verified() -> None:
     out = _run("--dry-run", timeout=240)
     assert out["dry_run"] is True and out["device"] == "cpu"
     assert out["hf_generate"]["tokens"] > 0 and out["hf_generate"]["tok_per_s"] > 0
+    assert out["hf_generate"]["scheduler"] == "continuous"  # not the padded fallback
     for step in ("lora_step", "full_step"):
         assert out[step]["loss"] is not None and out[step]["seconds"] > 0
         assert out[step]["sync"]["status"] == VERIFIED, out[step]
@@ -72,6 +73,7 @@ def test_the_gpu_check_runs_within_its_budget_on_cuda() -> None:
     assert out["device"] == "cuda" and out["dtype"] == "bfloat16"
     assert 4e8 < out["model"]["params"] < 6e8
     assert out["hf_generate"]["batch"] == 64 and out["hf_generate"]["tok_per_s"] > 0
+    assert out["hf_generate"]["scheduler"] == "continuous"  # the image's transformers included
     for step in ("lora_step", "full_step"):
         assert out[step]["sync"]["status"] == VERIFIED, out[step]
         assert out[step]["peak_memory_gb"] > 0
@@ -90,3 +92,19 @@ def test_the_exit_status_says_whether_every_publish_was_verified() -> None:
     assert not healthy({**out, "vllm": {"available": True, "error": "vLLM did not start: oom"}})
     with_vllm = {"available": True, "lora_sync": ok, "full_sync": {"status": "unverified"}}
     assert not healthy({**out, "vllm": with_vllm})
+
+
+def test_the_generation_arms_dry_run_compares_the_scheduler_with_plain_generate() -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "hf_generate_arms.py"),
+                           "--dry-run"], capture_output=True, text=True, timeout=240, env=env,
+                          cwd=ROOT)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert out["scheduler"] == "continuous"
+    arms = ("continuous_first", "continuous", "continuous_no_prefix_cache", "padded",
+            "plain_model_generate")  # fmt: skip
+    for arm in arms:
+        assert out[arm]["tokens"] > 0 and out[arm]["tok_per_s"] > 0, arm
+    ratio = out["continuous"]["tok_per_s"] / out["plain_model_generate"]["tok_per_s"]
+    assert out["continuous_vs_plain"] == round(ratio, 2)

@@ -23,6 +23,7 @@ from whale_lab.backends.hf_batching import (
     Sampler,
     _buckets,
     _share_groups,
+    cache_kwarg,
     supports_refill,
 )
 from whale_lab.models import load_model_and_tokenizer
@@ -249,6 +250,40 @@ def test_a_model_the_scheduler_does_not_cover_takes_the_padded_path(backend: HFB
     forced = HFBackend(model, backend.tokenizer, max_context_tokens=512, continuous=False)
     assert gens == forced.generate(MIXED, GREEDY)
     assert [g.token_ids for g in gens] != [g.token_ids for g in backend.generate(MIXED, GREEDY)]
+
+
+def test_a_model_that_takes_its_cache_as_past_key_values_takes_the_scheduler(
+    backend: HFBackend,
+) -> None:
+    """transformers before the rename (5.17, as on CUDA images) calls the cache `past_key_values`;
+    passed as `cache` there it was ignored, so the scheduler must use the model's own name."""
+    model = copy.deepcopy(backend.model)
+    current = type(model)
+
+    def forward(
+        self: object,
+        input_ids: object = None,
+        attention_mask: object = None,
+        position_ids: object = None,
+        past_key_values: object = None,
+        use_cache: object = None,
+        logits_to_keep: object = 0,
+        **kw: object,
+    ) -> object:
+        if past_key_values is not None:
+            kw["cache"] = past_key_values
+        return current.forward(  # type: ignore[call-arg]
+            self, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+            use_cache=use_cache, logits_to_keep=logits_to_keep, **kw,
+        )  # fmt: skip
+
+    model.__class__ = type("OlderNames", (current,), {"forward": forward})
+    assert cache_kwarg(backend.model) == "cache"
+    assert cache_kwarg(model) == "past_key_values"
+    assert supports_refill(model)
+    old = HFBackend(model, backend.tokenizer, batch_size=2, refill=1, max_context_tokens=512)
+    assert old.generate(MIXED, GREEDY) == backend.generate(MIXED, GREEDY)
+    assert old.decode_stats.prefills > len(MIXED) // 2  # rows joined mid-decode: the scheduler ran
 
 
 def test_prefix_groups_and_length_buckets() -> None:

@@ -138,7 +138,8 @@ def row_rngs(n: int, seed: int | None) -> list[random.Random]:
 def supports_refill(model: Any) -> bool:
     """Whether the refill scheduler computes what `model.generate` would for this model.
 
-    It needs a decoder-only model whose forward takes `cache`, `position_ids` and
+    It needs a decoder-only model whose forward takes a cache (`cache`, or `past_key_values`
+    before transformers renamed it), `position_ids` and
     `logits_to_keep`, an attention that reads any 2-D padding mask (sdpa, eager), plain
     `DynamicLayer` cache layers (no sliding window or recurrent state), and a generation config
     that asks for no logits processing beyond temperature / top-k / top-p.
@@ -162,13 +163,30 @@ def supports_refill(model: Any) -> bool:
         accepted = inspect.signature(base.forward).parameters
     except (TypeError, ValueError):
         return False
-    if not {"cache", "position_ids", "logits_to_keep"} <= set(accepted):
+    if not {"position_ids", "logits_to_keep"} <= set(accepted) or cache_kwarg(base) is None:
         return False
     try:
         cache = DynamicCache(config=config)
     except Exception:  # a config the cache cannot read: model.generate knows the model better
         return False
     return bool(cache.layers) and all(type(layer) is DynamicLayer for layer in cache.layers)
+
+
+def cache_kwarg(model: Any) -> str | None:
+    """The name the model's forward takes its key/value cache by: `cache` in current
+    transformers, `past_key_values` before (the GPU images' 5.17 among them). Passed under the
+    other name the cache would be ignored, and every decode step would see no context."""
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft
+    try:
+        accepted = inspect.signature(base.forward).parameters
+    except (TypeError, ValueError):
+        return None
+    for name in ("cache", "past_key_values"):
+        if name in accepted:
+            return name
+    return None
 
 
 class Sampler:
@@ -236,6 +254,7 @@ def generate_refill(
 
     stats = stats if stats is not None else DecodeStats()
     device = _device(model)
+    cache_name = cache_kwarg(model) or "cache"
     width = max(1, min(width, len(requests)))
     refill = max(1, min(refill, width))
     waiting = deque(
@@ -297,8 +316,8 @@ def generate_refill(
             input_ids=last[:, None],
             attention_mask=mask,
             position_ids=pos[:, None],
-            cache=cache,
             use_cache=True,
+            **{cache_name: cache},
         )
         logits = out.logits[:, -1].to(dtype=torch.float32)
         del out
@@ -517,9 +536,9 @@ def _forward(
         input_ids=ids,
         attention_mask=mask,
         position_ids=positions,
-        cache=cache,
         use_cache=True,
         logits_to_keep=1,
+        **{cache_kwarg(model) or "cache": cache},
     )
     logits = out.logits[:, -1].to(dtype=torch.float32)
     del out
