@@ -5,7 +5,10 @@ The `hf` backend is trained in place (every step verified on the tiny model; a b
 generating with a copy stops the run). The `openai` backend is run against the adapter server of
 `tests/adapter_server.py`, here answering OpenAI `logprobs` (vLLM's "token_id:N" tokens when asked):
 once as it is, applying each adapter, and once accepting adapters and ignoring them, which must
-stop `whale-lab train` after the first publish with exit code 2.
+stop `whale-lab train` after the first publish with exit code 2. `whale-lab train` preflights the
+adapter endpoint (a server without it fails before any rollout) and ends a failed run with
+`run_finished` failed; RSFT rollouts over a vLLM server ask for log-probabilities, the only way
+its answers carry the sampled ids, so SFT trains on those ids.
 """
 
 from __future__ import annotations
@@ -24,12 +27,13 @@ import pytest
 import torch
 from adapter_server import AdapterServer
 from rsft_support import ParityDomain, tiny_config, write_harness
+from servers import FaultServer, Reply, Request, echo_responder
 
 from whale_lab import cli
-from whale_lab.backends import HFBackend, make_backend
+from whale_lab.backends import HFBackend, OpenAIBackend, make_backend
 from whale_lab.backends.base import Generation, Message, SamplingParams
 from whale_lab.context import RunContext
-from whale_lab.events import WeightStep, event_from_dict
+from whale_lab.events import RunFinished, WeightStep, event_from_dict
 from whale_lab.models import load_model_and_tokenizer
 from whale_lab.store import RunStore
 from whale_lab.weights.lora import attach
@@ -150,6 +154,45 @@ def test_hf_in_place_every_step_is_verified_and_recorded(tmp_path: Path) -> None
     state = phase.state_dict()
     assert state["served_version"] == "step-4" and state["sync"]["status"] == VERIFIED
     assert phase.last_sync is not None and phase.last_sync.seconds > 0
+
+
+def test_the_ledger_counts_weight_steps_by_sync_outcome_and_survives_a_reopen(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """ledger.json says how many weight steps were verified, unverified or skipped, and the
+    last one's outcome; a fresh engine on the folder, and the weight phase's resume point,
+    give the same numbers."""
+    from engine_support import ApproveAll, engine_config
+
+    from whale_lab.engine.engine import Engine
+    from whale_lab.engine.ledger import Ledger
+    from whale_lab.seams import CommandChannel
+
+    cfg = engine_config(tmp_path, schedule={"kind": "weight-only", "total_weight_epochs": 0.75})
+
+    def engine(backend: Any = None) -> Engine:
+        return Engine(
+            cfg, RunStore(tmp_path / "run"), reviewer=ApproveAll(), commands=CommandChannel(),
+            backend=backend, domain=ParityDomain(),
+        )  # fmt: skip
+
+    engine(NoLogprobsBackend(*load_model_and_tokenizer(str(tiny_model_dir)))).run()
+    steps = [e for e in RunStore.read_events(tmp_path / "run") if isinstance(e, WeightStep)]
+    assert len(steps) == 3 and {s.sync for s in steps} == {UNVERIFIED}  # no served logprobs
+    ledger = Ledger.read(tmp_path / "run")
+    assert (ledger.sync_verified, ledger.sync_unverified, ledger.sync_skipped) == (0, 3, 0)
+    assert ledger.sync_last == UNVERIFIED
+    assert "weight sync: 0 verified, 3 unverified, 0 skipped" in "\n".join(ledger.summary_lines())
+    saved = json.loads((tmp_path / "run" / "ledger.json").read_text())
+    assert (saved["sync_unverified"], saved["sync_last"]) == (3, UNVERIFIED)
+    # rebuilt by a new engine that has not loaded the weight phase: the same counts
+    again = engine().ledger()
+    assert (again.sync_unverified, again.sync_last) == (3, UNVERIFIED)
+    # and by the weight phase from its resume point
+    phase, _ = make_phase(tmp_path / "run", cfg)
+    assert phase.resume()
+    assert phase.sync_counts == {VERIFIED: 0, UNVERIFIED: 3, "skipped": 0}
+    assert phase.last_step_sync == UNVERIFIED
 
 
 def test_weight_step_events_from_before_the_check_still_load() -> None:
@@ -403,12 +446,6 @@ def openai_model(server: LogprobServer, model_dir: Path) -> dict[str, Any]:
     }
 
 
-def serves_logprobs(backend: Any) -> bool:
-    """Whether the openai backend hands the server's logprobs on (it may not, or not yet)."""
-    probe = [list(PROBE_PROMPTS[0])]
-    return bool(backend.generate(probe, GREEDY_LP)[0].token_logprobs)
-
-
 def test_openai_against_a_server_that_applies_adapters_verifies_every_publish(
     tmp_path: Path, applying: LogprobServer, tiny_model_dir: Path
 ) -> None:
@@ -417,21 +454,15 @@ def test_openai_against_a_server_that_applies_adapters_verifies_every_publish(
     try:
         phase, events = make_phase(tmp_path / "run", cfg, backend)
         assert phase.mode == "adapter"
-        expected = VERIFIED if serves_logprobs(backend) else UNVERIFIED
         phase.run(write_harness(tmp_path), epochs=0.5)  # 2 steps
         steps = [e for e in events if isinstance(e, WeightStep)]
-        assert len(steps) == 2
+        assert len(steps) == 2 and all(s.kept for s in steps)
+        # the server answers vLLM's logprobs: every publish is measured, so verified, never less
         for s in steps:
-            if s.kept:
-                assert s.sync == expected, s
-                assert s.served_version == f"step-{s.step}"
-            else:
-                assert s.sync == "skipped"
+            assert s.sync == VERIFIED, s
+            assert s.served_version == f"step-{s.step}"
+            assert s.sync_distance is not None and s.sync_distance < 1e-3
         assert backend.active_model == steps[-1].served_version
-        if expected == VERIFIED:
-            assert all(s.sync_distance is not None and s.sync_distance < 1e-3 for s in steps if s.kept)
-        else:
-            assert steps[0].sync_note == "the backend returns no logprobs"
         probes = len(PROBE_PROMPTS)
         assert applying.record.chat_models[-probes:] == [backend.active_model] * probes
     finally:
@@ -450,7 +481,7 @@ def perturbed_adapter(tiny_model_dir: Path, folder: Path, cfg: Any) -> Path:
     return tm.save_pretrained(folder)
 
 
-def train_args(server: LogprobServer, model_dir: Path, runs: Path, adapter: Path) -> list[str]:
+def train_args(server: Any, model_dir: Path, runs: Path, adapter: Path | None) -> list[str]:
     sets = {
         "run.directory": str(runs),
         "model.backend": "openai",
@@ -466,7 +497,7 @@ def train_args(server: LogprobServer, model_dir: Path, runs: Path, adapter: Path
         "rsft.epochs": 1.0,
         "rsft.eval_every": 1.0,
     }
-    args = ["train", "--adapter", str(adapter)]
+    args = ["train", *(["--adapter", str(adapter)] if adapter is not None else [])]
     for key, value in sets.items():
         if isinstance(value, dict):
             value = "{" + ", ".join(f"{k} = {v}" for k, v in value.items()) + "}"
@@ -495,7 +526,44 @@ def test_train_against_a_server_that_ignores_adapters_stops_after_the_first_publ
     after = [m for m in ignoring.record.chat_models if m != "tiny"]
     assert after == ["step-0"] * len(PROBE_PROMPTS)
     (run,) = (tmp_path / "runs").iterdir()
-    assert not [e for e in RunStore.read_events(run) if e.type in ("weight_step", "eval_result")]
+    events = RunStore.read_events(run)
+    assert not [e for e in events if e.type in ("weight_step", "eval_result")]
+    # the run's events end with the failure, its message the line printed
+    last = events[-1]
+    assert isinstance(last, RunFinished) and last.status == "failed"
+    assert last.message in err and "weight sync failed" in last.message
+    assert RunStore(run).read_state()["status"] == "failed"
+
+
+def no_adapter_endpoint(req: Request) -> Reply:
+    """An OpenAI-compatible server without vLLM's runtime LoRA endpoints (404, as vLLM answers
+    without --enable-lora); its chat endpoint answers."""
+    if req.path.endswith("/load_lora_adapter") or req.path.endswith("/unload_lora_adapter"):
+        return Reply(404, {"detail": "Not Found"})
+    return echo_responder(req)
+
+
+def test_train_against_a_server_without_the_adapter_endpoint_stops_before_any_rollout(
+    tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with FaultServer() as server:
+        server.set_default(no_adapter_endpoint)
+        t0 = time.perf_counter()
+        code = cli.main(train_args(server, tiny_model_dir, tmp_path / "runs", None))
+        seconds = time.perf_counter() - t0
+        chats = [r.json for r in server.requests_to("/chat/completions")]
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "does not support runtime LoRA adapters" in err and "--enable-lora" in err
+    # only the preflight's one-token request reached the chat endpoint: no baseline, no rollout
+    assert chats and all(c["max_tokens"] == 1 for c in chats)
+    assert seconds < 60  # in seconds, not after an evaluation and a weight step
+    (run,) = (tmp_path / "runs").iterdir()
+    events = RunStore.read_events(run)
+    (only,) = events
+    assert isinstance(only, RunFinished) and only.status == "failed"
+    assert "runtime LoRA" in only.message and only.message in err
 
 
 def test_train_against_a_server_that_applies_adapters_completes(
@@ -512,6 +580,98 @@ def test_train_against_a_server_that_applies_adapters_completes(
     # the tiny model never solves math: no update, so nothing new is published after step-0
     assert steps and all(s.sync == "skipped" and s.served_version == "step-0" for s in steps)
     assert [name for name, _ in applying.record.loads] == ["step-0"]
+
+
+def test_run_train_where_every_step_publishes_verifies_every_weight_step(
+    tmp_path: Path,
+    applying: LogprobServer,
+    tiny_model_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The Done-when, with reward the tiny model can earn: `ParityDomain` (about half of its
+    replies are accepted) stands in the domain registry for math, so every step updates and
+    publishes, and every weight_step of the command must record a verified sync."""
+    from whale_lab.commands.train import run_train
+    from whale_lab.domains import DOMAINS
+
+    monkeypatch.setitem(DOMAINS, "math", lambda cfg: ParityDomain())
+    cfg = tiny_config(
+        model=openai_model(applying, tiny_model_dir),
+        run={"directory": str(tmp_path / "runs")},
+        domain={"harness": str(write_harness(tmp_path))},
+        rsft={"epochs": 0.75},  # 3 steps of 2 prompts x 4 samples
+    )
+    assert run_train(cfg, run_dir=tmp_path / "run", progress=False) == 0, capsys.readouterr().err
+    events = RunStore.read_events(tmp_path / "run")
+    steps = [e for e in events if isinstance(e, WeightStep)]
+    assert [s.step for s in steps] == [1, 2, 3]
+    for s in steps:
+        assert s.kept > 0 and s.sync == VERIFIED, s
+        assert s.served_version == f"step-{s.step}" and len(s.fingerprint) == 12
+        assert s.sync_distance is not None and s.sync_distance < 1e-3
+    assert [name for name, _ in applying.record.loads] == ["step-1", "step-2", "step-3"]
+    assert isinstance(events[-1], RunFinished) and events[-1].status == "completed"
+
+
+class SampledIdsServer(LogprobServer):
+    """The logprob server, keeping each RSFT rollout's request and sampled ids (not the checks')."""
+
+    def __init__(self, model_dir: str | Path, **kw: Any) -> None:
+        super().__init__(model_dir, **kw)
+        self.sampled: list[tuple[int, ...]] = []
+        self.bodies: list[dict] = []
+
+    def complete(self, body: dict) -> tuple[int, dict]:
+        status, answer = super().complete(body)
+        if str(body["messages"][-1]["content"]).startswith("say weight"):  # a rollout
+            self.bodies.append(body)
+            content = (answer["choices"][0]["logprobs"] or {}).get("content") or []
+            self.sampled.append(tuple(int(c["token"].split(":")[1]) for c in content))
+        return status, answer
+
+
+@pytest.mark.parametrize("kind", ["vllm", "openai"])
+def test_rsft_over_a_vllm_server_trains_on_the_sampled_ids(
+    tmp_path: Path, tiny_model_dir: Path, kind: str
+) -> None:
+    """Over vLLM the ids come back only with logprobs: RSFT rollouts ask for them there, and
+    SFT's targets are the ids the server sampled (nothing re-encoded). Over a server of unknown
+    kind they are not asked for, and the re-encoding is counted."""
+    from collections import Counter
+
+    from whale_lab.store import read_jsonl
+    from whale_lab.trace import EpisodeTrace
+    from whale_lab.weights.sft import build_examples
+
+    server = SampledIdsServer(tiny_model_dir, served_name="tiny").start()
+    cfg = tiny_config(model=openai_model(server, tiny_model_dir))
+    backend = make_backend(cfg)
+    assert isinstance(backend, OpenAIBackend) and backend.verify
+    backend.server_kind = kind  # what preflight would learn from a vLLM server's /v1/models
+    try:
+        phase, events = make_phase(tmp_path / "run", cfg, backend)
+        phase.run(write_harness(tmp_path), epochs=0.25)  # one step, 8 rollouts
+    finally:
+        backend.close()
+        server.stop()
+    (step,) = [e for e in events if isinstance(e, WeightStep)]
+    assert step.kept > 0 and len(server.bodies) == 8
+    assert all(bool(b.get("logprobs")) == (kind == "vllm") for b in server.bodies)
+    if kind == "openai":
+        assert step.reencoded_turns == step.kept
+        return
+    assert step.reencoded_turns == 0 and step.sync == VERIFIED
+    traces = [EpisodeTrace.from_dict(r) for r in read_jsonl(tmp_path / "run/traces/weight.jsonl")]
+    turns = [turn for t in traces for turn in t.turns]
+    assert Counter(tuple(t.token_ids or ()) for t in turns) == Counter(server.sampled)
+    kept = [t for t in traces if t.reward > cfg.rsft.accept_threshold]
+    examples = build_examples(kept, phase.tm.tokenizer, eos_id=phase.eos_id)
+    assert len(examples) == step.kept and not any(e.reencoded for e in examples)
+    for ex, trace in zip(examples, kept, strict=True):
+        (turn,) = trace.turns
+        want = list(turn.token_ids or ()) + ([phase.eos_id] if turn.finish_reason == "stop" else [])
+        assert [t for t in ex.labels if t != -100] == want
 
 
 def test_without_logprobs_a_server_ignoring_adapters_is_caught_by_its_greedy_tokens(

@@ -214,6 +214,8 @@ class HeadlessDisplay:
             if self._task is not None:
                 self.progress.remove_task(self._task)
                 self._task = None
+            if ev.status == "failed":
+                return  # the exception that failed it reaches the command: one line, said there
             msg = f": {ev.message}" if ev.message else ""
             self._line(f"run {ev.status}{msg}", "bold")
 

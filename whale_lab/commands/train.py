@@ -4,6 +4,11 @@ The run folder holds the config, a copy of the harness (so the harness stays fix
 file is edited), the events, the traces and the weights. Ctrl-C or SIGTERM stops at the next
 completed step (recorded; exit 130 or 143), a second Ctrl-C leaves at once; a run stopped either
 way or killed outright resumes from its last completed step with `whale-lab train --resume RUN_DIR`.
+
+Before the baseline evaluation every server the run needs is preflighted (the model's chat
+endpoint, the endpoint the weight phase publishes to, the search judge when it is on), so a
+server without, say, the adapter endpoint fails in seconds; a run that fails for any reason
+ends its events with `run_finished` (status `failed`, the error as its message).
 """
 
 from __future__ import annotations
@@ -215,7 +220,7 @@ def _train(
     from whale_lab.context import RunContext
     from whale_lab.domains import make_domain
     from whale_lab.quiet import quiet_libraries
-    from whale_lab.weights.rsft import RsftPhase
+    from whale_lab.weights.rsft import RsftPhase, trains_in_place
 
     quiet_libraries()
     cfg, store, harness = _prepare_run(cfg, run_dir, resume, console)
@@ -238,6 +243,7 @@ def _train(
     try:
         domain = make_domain(cfg)
         backend = _start_backend(cfg)
+        _preflight(cfg, backend, publishes=not trains_in_place(backend))
         phase = RsftPhase(
             RunContext.of(cfg, backend, domain, store, emit),
             init_adapter=None if resume else adapter,
@@ -325,12 +331,41 @@ def _train(
         _print_summary(evals, state)
         print(f"run: {store.root}")
         return EXIT_OK
+    except Exception as exc:
+        _record_failure(store, emit, exc)
+        raise
     finally:
         if backend is not None:
             backend.close()
         if domain is not None:
             domain.close()
         store.close()
+
+
+def _preflight(cfg: Config, backend: Any, *, publishes: bool) -> None:
+    """Every server the run needs answers before the first rollout, else one line: the model's
+    chat endpoint; the endpoint the weight phase publishes to (`publishes`: LoRA adapters, or
+    full weights when it trains in full); the search judge's when `[domain.judge]` is on."""
+    from whale_lab.engine.engine import check_endpoint, side_endpoints
+
+    check = getattr(backend, "preflight", None)
+    if callable(check) and getattr(backend, "verify", False):
+        check(adapters=publishes)
+    for endpoint in side_endpoints(cfg, proposer=False):  # no harness search in this command
+        check_endpoint(endpoint)
+
+
+def _record_failure(store: RunStore, emit: Callable[[Event], None], exc: Exception) -> None:
+    """A run that fails ends its events with `run_finished` failed and says so in its state (a
+    later `--resume` continues from its last completed step all the same)."""
+    message = str(exc).strip()
+    if not isinstance(exc, _user_errors()) or not message:  # a bug: say what kind
+        message = f"{type(exc).__name__}: {message}".rstrip(": ")
+    try:
+        store.write_state({**store.read_state(), "status": "failed", "message": message})
+        emit(RunFinished(status="failed", message=message))
+    except Exception:  # noqa: BLE001 - the original error matters more
+        pass
 
 
 def _start_backend(cfg: Config) -> Any:

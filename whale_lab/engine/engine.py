@@ -29,6 +29,7 @@ best-on-test figure (the paper's way) is reported beside it for comparison only.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -317,12 +318,18 @@ class Engine:
         self._log(f"sandbox: {conf.describe()}", "info" if conf.confined else "warning")
 
     def _preflight(self) -> None:
-        """Every server the run needs answers before the first rollout (a one-line error if not);
-        the adapter endpoint too when the weight phase will publish adapters to it."""
+        """Every server the run needs answers before the first rollout (a one-line error if not):
+        the model's, with the endpoint the weight phase publishes to when it publishes; the LLM
+        proposer's when a harness phase left will ask it; the search judge's when it is on."""
         check = getattr(self.backend, "preflight", None)
         if callable(check) and getattr(self.backend, "verify", False):
             rsft = self.book.rsft
             check(adapters=rsft is not None and getattr(rsft, "mode", "") == "adapter")
+        left = self.plan[int(self.book.state.phase_index) :]
+        # a drawing phase has no proposer; a one-iteration phase only re-scores its harness
+        asks = any(p.kind == "harness" and not p.draws and round(p.budget) > 1 for p in left)
+        for endpoint in side_endpoints(self.cfg, proposer=asks):
+            check_endpoint(endpoint)
 
     def _has_weight_state(self) -> bool:
         from whale_lab.weights.checkpoint import Checkpointer
@@ -471,6 +478,102 @@ class Engine:
             f"{', '.join(pending) or 'a candidate'} awaits review; resume "
             f"with `whale-lab resume {self.root}`",
         )
+
+
+@dataclass(frozen=True)
+class SideEndpoint:
+    """An OpenAI-compatible server a run needs besides the model's own backend."""
+
+    what: str  # for the error line: "LLM proposer", "search judge"
+    table: str  # its config table: "proposer", "domain.judge"
+    base_url: str
+    model: str
+    api_key_env: str
+    timeout_s: float
+
+
+def side_endpoints(cfg: Config, *, proposer: bool) -> list[SideEndpoint]:
+    """The LLM proposer's endpoint (when `proposer`: a harness phase will ask it, and no
+    recorded session replaces it) and the search judge's (`[domain.judge]` enabled)."""
+    out: list[SideEndpoint] = []
+    p = cfg.proposer
+    if proposer and p.kind == "llm" and not p.replay.strip():
+        out.append(
+            SideEndpoint(
+                "LLM proposer", "proposer", p.base_url, p.model, p.api_key_env, p.request_timeout_s
+            )
+        )
+    j = cfg.domain.judge
+    if cfg.domain.name == "search" and j.enabled:
+        out.append(
+            SideEndpoint(
+                "search judge", "domain.judge", j.base_url, j.model, j.api_key_env,
+                j.request_timeout_s,
+            )
+        )  # fmt: skip
+    return out
+
+
+def check_endpoint(ep: SideEndpoint) -> None:
+    """A one-token chat request to `ep`, so that a proposer or judge that is down, misnamed or
+    refusing is one line (a `BackendError` naming the endpoint and its config key) before the
+    first rollout, not a failed harness phase or a run judged by exact match alone."""
+    import httpx
+
+    from whale_lab.backends.base import BackendError
+    from whale_lab.backends.openai_common import short, unreachable_reason
+
+    key = ep.table
+    where = f"the {ep.what} endpoint {ep.base_url} ({key}.base_url)"
+    if not ep.base_url.startswith(("http://", "https://")):
+        raise BackendError(
+            f"{key}.base_url must start with http:// or https://, got {ep.base_url!r}"
+        )
+    if not ep.model.strip():
+        raise BackendError(f"{key}.model is empty: set the model name {where} serves")
+    headers = {"Content-Type": "application/json"}
+    secret = os.environ.get(ep.api_key_env, "") if ep.api_key_env else ""
+    if secret:
+        headers["Authorization"] = f"Bearer {secret}"
+    body = {
+        "model": ep.model,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 1,
+        "temperature": 0.0,
+    }
+    url = ep.base_url.rstrip("/") + "/chat/completions"
+    timeout = httpx.Timeout(min(ep.timeout_s, 60.0), connect=min(ep.timeout_s, 10.0))
+    failure = ""
+    with httpx.Client(headers=headers, timeout=timeout) as client:
+        for _ in range(2):  # one retry for a busy or restarting server
+            try:
+                resp = client.post(url, json=body)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                raise BackendError(
+                    f"cannot reach {where}: {unreachable_reason(exc)}; start that server or fix "
+                    f"{key}.base_url"
+                ) from None
+            except httpx.HTTPError as exc:
+                failure = f"{type(exc).__name__}: {exc}".strip()
+                continue
+            status = resp.status_code
+            if status >= 500 or status == 429:
+                failure = f"HTTP {status}: {short(resp.text, 200)}"
+                continue
+            if status >= 300:
+                hint = (
+                    f"; put its API key in ${ep.api_key_env} ({key}.api_key_env)"
+                    if status in (401, 403)
+                    else f"; check {key}.model and {key}.base_url"
+                )
+                raise BackendError(
+                    f"{where} refused a one-token chat request for model {ep.model!r} "
+                    f"({key}.model): HTTP {status}: {short(resp.text, 200)}{hint}"
+                )
+            return
+    raise BackendError(
+        f"{where} did not answer a one-token chat request for model {ep.model!r} ({failure})"
+    )
 
 
 def _final_weight_note(plan: list[PhaseSpec]) -> str:

@@ -9,6 +9,10 @@ point, each harness phase archive, its own state), so a run killed at any moment
 same numbers. It is written to `<run>/ledger.json` and kept in `state.json`. Calls to the search
 domain's LLM judge are counted in the process (`domains/judge.py`) and folded into
 `<run>/judge_usage.json` each time the ledger is written, so they survive a resume too.
+
+It also counts the weight steps by the outcome of their weight-sync check (verified, unverified,
+skipped: no new weights to publish) and keeps the last one, so a run whose backend could never
+show it served the trained weights says so in its ledger, not only in its events.
 """
 
 from __future__ import annotations
@@ -75,6 +79,11 @@ class Ledger:
     judge_completion_tokens: int = 0
     judge_fallbacks: int = 0
     judge_seconds: float = 0.0
+    # weight steps by the outcome of the check that the backend serves the weights just trained
+    sync_verified: int = 0
+    sync_unverified: int = 0
+    sync_skipped: int = 0
+    sync_last: str = ""  # the last weight step's outcome ("" before any step)
     phases: list[PhaseLedger] = field(default_factory=list)
     probes: list[ProbeLedger] = field(default_factory=list)
 
@@ -97,6 +106,22 @@ class Ledger:
             + self.probe_rollouts
             - self.kept_probe_rollouts
         )
+
+    @property
+    def sync_counts(self) -> dict[str, int]:
+        """Weight steps by sync outcome, keyed as `weight_step.sync` spells them."""
+        return {
+            "verified": self.sync_verified,
+            "unverified": self.sync_unverified,
+            "skipped": self.sync_skipped,
+        }
+
+    def set_sync(self, counts: dict[str, Any], last: str) -> None:
+        """Take the weight phase's counts by sync outcome (`verified`, `unverified`, `skipped`)."""
+        self.sync_verified = int(counts.get("verified", 0) or 0)
+        self.sync_unverified = int(counts.get("unverified", 0) or 0)
+        self.sync_skipped = int(counts.get("skipped", 0) or 0)
+        self.sync_last = str(last or "")
 
     def add_proposer(self, usage: dict[str, Any]) -> None:
         self.proposer_prompt_tokens += int(usage.get("prompt_tokens", 0) or 0)
@@ -172,6 +197,12 @@ class Ledger:
             f"{self.proposer_completion_tokens:,} completion tokens, "
             f"${self.proposer_cost:.4f}, {self.proposer_seconds:.1f}s",
         ]
+        if any(self.sync_counts.values()):
+            lines.append(
+                f"weight sync: {self.sync_verified:,} verified, {self.sync_unverified:,} "
+                f"unverified, {self.sync_skipped:,} skipped (no new weights); last: "
+                f"{self.sync_last or '-'}"
+            )
         if self.judge_calls or self.judge_fallbacks:
             lines.append(
                 f"judge: {self.judge_calls:,} calls, {self.judge_prompt_tokens:,} prompt + "

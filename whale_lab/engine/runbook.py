@@ -137,4 +137,10 @@ class RunBook:
             led.phases.append(entry)
         led.add_proposer(st.probe_usage)
         led.probes = Ledger.from_dict({"probes": st.probes}).probes
+        r = self.rsft
+        if r is not None:  # live, or loaded from its resume point
+            led.set_sync(r.sync_counts, r.last_step_sync)
+        else:  # not loaded in this process yet: the counts the last saved ledger had
+            saved = Ledger.from_dict(st.ledger if isinstance(st.ledger, dict) else None)
+            led.set_sync(saved.sync_counts, saved.sync_last)
         return led

@@ -17,7 +17,11 @@ weights serve the very next rollouts:
 
 After every publish the backend's greedy log-probabilities on a few probe prompts are checked
 against the trainer's new and previous weights (`weights/sync.py`): a backend that does not
-generate with the new weights stops the run; each `weight_step` records the outcome.
+generate with the new weights stops the run; each `weight_step` records the outcome, and the
+phase counts the outcomes for the run's ledger.
+
+SFT trains on the token ids each rollout sampled. Over a vLLM server the openai backend gets them
+back only with log-probabilities, so RSFT rollouts (not evaluations) ask for those there.
 
 After every completed step a resume point (weights, optimizer state, sampler position, phase
 state) is written, so a run killed at any moment resumes from its last completed step.
@@ -66,9 +70,40 @@ from whale_lab.weights.sft import (
     end_token_id,
     sft_pass,
 )
-from whale_lab.weights.sync import SKIPPED, UNVERIFIED, SyncResult, WeightSync
+from whale_lab.weights.sync import SKIPPED, UNVERIFIED, VERIFIED, SyncResult, WeightSync
 
 StopWhen = Callable[[Sequence[WeightStep]], bool]
+SYNC_OUTCOMES = (VERIFIED, UNVERIFIED, SKIPPED)  # what a recorded weight_step's sync can be
+
+
+def trains_in_place(backend: Any) -> bool:
+    """Whether RSFT trains the backend's own model object (hf), rather than a copy whose weights
+    it publishes to the backend (adapters, or full weights): callers preflight the publishing
+    endpoint before any rollout only in the second case."""
+    model, tokenizer = getattr(backend, "model", None), getattr(backend, "tokenizer", None)
+    return model is not None and tokenizer is not None
+
+
+def ids_need_logprobs(backend: Any) -> bool:
+    """Whether RSFT rollouts must ask for log-probabilities to get the sampled token ids back.
+
+    The openai backend asks a vLLM server for its tokens as "token_id:N" only together with
+    `logprobs` (there is no request for ids alone), so without them SFT re-encodes the reply
+    text. The cost is the sampled token's log-probability in each answer. Only vLLM-kind
+    servers: `transformers serve` returns neither, other servers may refuse the fields. The
+    server's kind is known after preflight; an unchecked backend is preflighted here, as its
+    first generation would do anyway.
+    """
+    from whale_lab.backends.openai import OpenAIBackend
+    from whale_lab.backends.openai_pool import EndpointPool
+
+    endpoints = backend.endpoints if isinstance(backend, EndpointPool) else [backend]
+    if not endpoints or not all(isinstance(e, OpenAIBackend) for e in endpoints):
+        return False
+    for e in endpoints:
+        if e.verify and not e.preflighted:
+            e.preflight()
+    return any(e.server_kind == "vllm" for e in endpoints)
 
 
 @dataclass(frozen=True)
@@ -159,14 +194,15 @@ class RsftPhase(ResumablePhase):
         self.last_sync: SyncResult | None = None
         self.served_version = self._version_now()
         self._noted: set[str] = set()  # notes (unverified sync, re-encoded turns) already logged
+        # weight steps by sync outcome, and the last one's (the run's ledger reports them)
+        self.sync_counts: dict[str, int] = dict.fromkeys(SYNC_OUTCOMES, 0)
+        self.last_step_sync = ""
 
     # ------------------------------------------------------------------ setup
     def _trainable(self) -> tuple[TrainableModel, str]:
-        be = self.backend
-        model = getattr(be, "model", None)
-        tok = getattr(be, "tokenizer", None)
-        if model is not None and tok is not None:
-            return attach(model, tok, self.cfg), "in_place"
+        be: Any = self.backend
+        if trains_in_place(be):
+            return attach(be.model, be.tokenizer, self.cfg), "in_place"
         full = self.cfg.rsft.full_finetune or not self.cfg.model.lora.enabled
         takes_weights = callable(getattr(be, "load_weights", None))
         if callable(getattr(be, "load_adapter", None)) or (full and takes_weights):
@@ -288,6 +324,19 @@ class RsftPhase(ResumablePhase):
             self.end_phase()
         return result
 
+    def state_dict(self) -> dict[str, Any]:
+        """The resume point's state, with the sync outcomes of the weight steps so far."""
+        state = super().state_dict()
+        state["sync_counts"] = {**self.sync_counts, "last": self.last_step_sync}
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        saved = state.get("sync_counts")
+        saved = saved if isinstance(saved, dict) else {}  # a state from before the counts
+        self.sync_counts = {k: int(saved.get(k, 0) or 0) for k in SYNC_OUTCOMES}
+        self.last_step_sync = str(saved.get("last", "") or "")
+
     def end_phase(self) -> None:
         """Close the current phase (e.g. after a switch command) so the next run starts anew."""
         if self._phase is not None:
@@ -327,7 +376,10 @@ class RsftPhase(ResumablePhase):
         )
 
     # ------------------------------------------------------------------ one step
-    def sampling_params(self, seed: int) -> SamplingParams:
+    def sampling_params(self, seed: int, *, training: bool = False) -> SamplingParams:
+        """The configured sampling; `training` rollouts also ask for log-probabilities where
+        that is the only way to get the sampled ids back (`ids_need_logprobs`): SFT trains on
+        those ids, evaluations do not need them."""
         s = self.cfg.sampling
         return SamplingParams(
             temperature=s.temperature,
@@ -335,6 +387,7 @@ class RsftPhase(ResumablePhase):
             top_k=s.top_k,
             max_new_tokens=s.max_new_tokens,
             seed=seed,
+            logprobs=training and ids_need_logprobs(self.backend),
         )
 
     def _episode_sink(
@@ -361,7 +414,7 @@ class RsftPhase(ResumablePhase):
         traces = self.evaluator.episodes(
             jobs,
             host,
-            self.sampling_params(_mix_seed(self.cfg.run.seed, n)),
+            self.sampling_params(_mix_seed(self.cfg.run.seed, n), training=True),
             on_episode=sink,
             should_stop=should_stop,
         )
@@ -396,6 +449,8 @@ class RsftPhase(ResumablePhase):
             sync_note=sync.note if sync is not None else "",
             reencoded_turns=stats.reencoded_turns,
         )
+        self.sync_counts[ev.sync] = self.sync_counts.get(ev.sync, 0) + 1
+        self.last_step_sync = ev.sync
         assert self._phase is not None
         self._phase["history"].append({k: v for k, v in ev.to_dict().items() if k != "type"})
         self._persist(new_weights=True)
