@@ -9,7 +9,12 @@ best (`eval.test_every = "best"`: the two weight-phase points lost their test re
 episodes, nothing else moved); the hf backend's continuous batching gives each row its own seeded
 sampling stream (the same event types, phases and steps; other sampled rewards); the
 selection says which rule chose it (`best.decided_by`, one key more, no event moved); scoring progress
-(`activity_progress`, paced by the clock) is left out of the rows like log lines. Regenerate (only for an intended behaviour change) with
+(`activity_progress`, paced by the clock) is left out of the rows like log lines; every prompt is
+seeded by its episode (task, sample, turn), and the incoming harness and its noise-floor repeat
+are scored in the same waves (other sampled rewards; `candidate_scored c000` after the repeat's
+episodes); a weight-phase point that ties the best val is scored on test too (its 6 test episodes
+and test result at each of the two tied points, 14 rows); the ledger counts syncs by outcome
+(`sync_verified`, `sync_unverified`, `sync_skipped`, `sync_last`). Regenerate (only for an intended behaviour change) with
 
     WHALE_LAB_GOLDEN_WRITE=1 .venv/bin/python -m pytest tests/test_engine_golden.py
 """

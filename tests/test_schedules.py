@@ -8,6 +8,7 @@ from whale_lab.config import ScheduleConfig
 from whale_lab.engine.schedules import (
     AdaptiveHarnessStop,
     AdaptiveWeightStop,
+    adaptive_weight_steps,
     plan,
     proposal_budget,
 )
@@ -166,3 +167,108 @@ def test_adaptive_weight_rule_can_stop_before_the_old_window_plus_patience() -> 
     cfg = ScheduleConfig(window_epochs=0.2, patience_epochs=0.1, min_weight_epochs=0.1)
     rule = AdaptiveWeightStop(steps_per_epoch=10, cfg=cfg)  # window 2, patience 1, min 1
     assert [rule.update(r) for r in (0.3, 0.2)] == [False, True]
+
+
+# ------------------------------------------------- the paper's parameters, stated exactly
+
+PAPER = ScheduleConfig(window_epochs=0.2, patience_epochs=0.2, min_weight_epochs=0.2)
+
+
+def _whale_end(rewards: list[float], window: int, patience: int, minimum: int) -> int | None:
+    """WHALE's rule written out independently of the class: window means from the first step
+    (shorter windows until full), a new best beats all earlier means strictly, and the phase ends
+    at the first step t >= minimum where none of steps t - patience + 1 .. t set a new best."""
+    means = [
+        sum(rewards[max(0, t - window + 1) : t + 1]) / (t + 1 - max(0, t - window + 1))
+        for t in range(len(rewards))
+    ]
+    new_best = [t == 0 or means[t] > max(means[:t]) for t in range(len(means))]
+    for t in range(len(rewards)):
+        step = t + 1
+        if step >= minimum and step >= patience and not any(new_best[step - patience : step]):
+            return step
+    return None
+
+
+def test_at_the_papers_parameters_a_plateau_at_a_fifth_of_an_epoch_ends_the_phase_exactly() -> None:
+    """Window = minimum = patience = 0.2 epoch = 5 steps (25 steps per epoch). The reward rises
+    until step 5 (0.2 epoch) and is flat after. The window mean keeps rising while it still
+    holds rising steps (last new best at step 5 + 5 - 1 = 9); 5 steps later without a new best the
+    phase ends: step 14, 0.56 epoch. A reward flat from the start ends it at step 6 (0.24 epoch):
+    the best is set at step 1, and steps 2-6 are the patience."""
+    steps_per_epoch = 25
+    rule = AdaptiveWeightStop(steps_per_epoch=steps_per_epoch, cfg=PAPER)
+    assert (rule.window, rule.patience, rule.min_steps) == (5, 5, 5)
+    rewards = [0.2 * t for t in range(1, 6)] + [1.0] * 35
+    fired = [rule.update(r) for r in rewards]
+    end = fired.index(True) + 1
+    assert end == _whale_end(rewards, 5, 5, 5) == 5 + 2 * 5 - 1 == 14
+    assert end / steps_per_epoch == pytest.approx(0.56)
+
+    flat = AdaptiveWeightStop(steps_per_epoch=steps_per_epoch, cfg=PAPER)
+    fired = [flat.update(0.5) for _ in range(20)]
+    assert fired.index(True) + 1 == _whale_end([0.5] * 20, 5, 5, 5) == 6
+
+    # a longer minimum than patience + 1: a flat reward ends the phase at the minimum exactly
+    longer = ScheduleConfig(window_epochs=0.2, patience_epochs=0.2, min_weight_epochs=0.4)
+    rule = AdaptiveWeightStop(steps_per_epoch=steps_per_epoch, cfg=longer)
+    fired = [rule.update(0.5) for _ in range(20)]
+    assert fired.index(True) + 1 == _whale_end([0.5] * 20, 5, 5, 10) == 10
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_rule_matches_whales_statement_on_any_series(seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    spe = rng.choice([10, 16, 25, 40])
+    cfg = ScheduleConfig(
+        window_epochs=rng.choice([0.05, 0.1, 0.2]),
+        patience_epochs=rng.choice([0.05, 0.1, 0.2]),
+        min_weight_epochs=rng.choice([0.05, 0.2, 0.3]),
+    )
+    rewards = [round(rng.random(), 1) for _ in range(60)]
+    rule = AdaptiveWeightStop(steps_per_epoch=spe, cfg=cfg)
+    fired = [rule.update(r) for r in rewards]
+    end = fired.index(True) + 1 if any(fired) else None
+    assert end == _whale_end(rewards, rule.window, rule.patience, rule.min_steps)
+
+
+def _adaptive_run(rewards: list[float], total_epochs: float, phases: int, spe: float,
+                  cap: float = 0.0) -> list[int]:
+    """Steps each adaptive weight phase takes: the rule ends it, or its share of the budget."""
+    used, out, it = 0, [], iter(rewards)
+    for _ in range(phases):
+        budget = adaptive_weight_steps(total_epochs, spe, used, cap)
+        rule = AdaptiveWeightStop(steps_per_epoch=spe, cfg=PAPER)
+        taken = 0
+        while taken < budget:
+            taken += 1
+            if rule.update(next(it)):
+                break
+        used += taken
+        out.append(taken)
+    return out
+
+
+def test_adaptive_phases_never_sum_past_the_total_weight_budget() -> None:
+    # the README's math seed 1: 16 steps per epoch, a 0.75-epoch (12-step) total, 3 phases; the
+    # first two used all 12 steps and the last was given "at least one": 13
+    spe = 16
+    assert adaptive_weight_steps(0.75, spe, 12) == 0
+    assert adaptive_weight_steps(0.75, spe, 7) == 5
+    assert adaptive_weight_steps(0.75, spe, 0, cap_epochs=0.3) == 5
+    assert adaptive_weight_steps(0.75, spe, 10, cap_epochs=0.3) == 2
+    assert adaptive_weight_steps(0.75, spe, 14) == 0  # never negative
+    rising = [0.05 * i for i in range(40)]  # never plateaus: the budget ends every phase
+    assert _adaptive_run(rising, 0.75, 3, spe) == [12, 0, 0]
+    import random
+
+    for seed in range(50):
+        rng = random.Random(seed)
+        rewards = [rng.random() for _ in range(200)]
+        total = rng.choice([0.5, 0.75, 1.0, 1.2])
+        per_epoch = rng.choice([10, 16, 25])
+        steps = _adaptive_run(rewards, total, rng.choice([2, 3, 4]), per_epoch,
+                              cap=rng.choice([0.0, 0.3]))
+        assert sum(steps) <= round(total * per_epoch), (seed, steps)

@@ -5,6 +5,8 @@ class used to take. `EpisodeSink` is the one way a finished episode is recorded:
 (scrubbed of anything that could name a reference answer) and one `EpisodeFinished` event that
 points at it. `Evaluator` is the one way episodes are run and scored: it binds the sandbox
 settings, the context limit and the wave size from the config, so no caller threads them by hand.
+`Evaluator.score_arms` scores the arms of a paired comparison in the same waves and the same
+generation calls, so whatever drifts while they run (a server's load, its batching) lands on both.
 """
 
 from __future__ import annotations
@@ -180,6 +182,19 @@ def with_progress(
 
 
 @dataclass(frozen=True)
+class Arm:
+    """One arm of a paired comparison: a harness, its sampling (the arms may differ only in the
+    seed), where its episodes go, and optionally a started host for it (else one is started per
+    harness file and shared by the arms that name it)."""
+
+    harness_path: str | Path
+    params: SamplingParams
+    on_episode: Callable[[EpisodeTrace], None] | None = None
+    host: Any = None
+    label: str = ""
+
+
+@dataclass(frozen=True)
 class Evaluator:
     """Runs and scores episodes with the run's sandbox, context limit and wave size bound once."""
 
@@ -240,6 +255,90 @@ class Evaluator:
             should_stop=should_stop,
             host=host,
         )
+
+    def score_arms(
+        self,
+        arms: Sequence[Arm],
+        tasks: Sequence[Task],
+        k: int,
+        *,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> list[EvalReport]:
+        """k rollouts per task under every arm, interleaved; one report per arm, in order.
+
+        Each wave holds the same (task, sample) pairs for every arm (a wave of `batch_episodes`
+        episodes in all), and every turn of it is one generation over all arms' episodes: the
+        episodes share the backend's calls, not its state, and each prompt's seed depends only
+        on its arm's seed, task, sample and turn, so each arm scores as `score` would alone
+        (exactly so on the hf backend), with the same traces, sink and progress reports. The
+        invalid-episode check runs per arm and wave, as `score` runs it; `seconds` is the
+        joint wall time. A stop leaves every arm with fewer rollouts than tasks x k.
+        """
+        from whale_lab.evaluate import check_invalid_share, report_of
+        from whale_lab.rollout import Job, run_episodes
+
+        if not arms:
+            return []
+        base = dataclasses.replace(arms[0].params, seed=None)
+        for arm in arms[1:]:
+            if dataclasses.replace(arm.params, seed=None) != base:
+                raise ValueError("score_arms: the arms' sampling may differ only in the seed")
+        t0 = time.perf_counter()
+        hosts: list[Any] = []
+        opened: dict[str, Any] = {}
+        collected: list[set[int]] = [set() for _ in arms]
+
+        def collect(i: int, sink: Callable[[EpisodeTrace], None] | None) -> Any:
+            def on_episode(trace: EpisodeTrace) -> None:
+                collected[i].add(id(trace))
+                if sink is not None:
+                    sink(trace)
+
+            return on_episode
+
+        try:
+            for arm in arms:
+                if arm.host is None:
+                    key = str(Path(arm.harness_path).resolve())
+                    if key not in opened:
+                        opened[key] = self.host(arm.harness_path)
+                    hosts.append(opened[key])
+                else:
+                    hosts.append(arm.host)
+            sinks = [
+                collect(i, with_progress(arm.on_episode, arm.label, len(tasks) * k))
+                for i, arm in enumerate(arms)
+            ]
+            pairs = [(task, s) for task in tasks for s in range(k)]
+            per_wave = max(1, self.batch_episodes // len(arms))
+            traces: list[list[EpisodeTrace]] = [[] for _ in arms]
+            for start in range(0, len(pairs), per_wave):
+                if should_stop is not None and should_stop():
+                    break
+                wave = pairs[start : start + per_wave]
+                jobs = [
+                    Job(task, s, arm=i, host=hosts[i], seed=arm.params.seed, on_episode=sinks[i])
+                    for i, arm in enumerate(arms)
+                    for task, s in wave
+                ]
+                done = run_episodes(
+                    jobs,
+                    self.domain,
+                    None,
+                    self.backend,
+                    base,
+                    max_context_tokens=self.max_context_tokens,
+                    should_stop=should_stop,
+                )
+                for i in range(len(arms)):
+                    mine = [t for t in done if id(t) in collected[i]]
+                    traces[i].extend(mine)
+                    check_invalid_share(mine, self.backend, self.max_invalid_share)
+        finally:
+            for host in opened.values():
+                host.close()
+        seconds = time.perf_counter() - t0
+        return [report_of(t, k, seconds) for t in traces]
 
     def score_splits(
         self,

@@ -96,10 +96,15 @@ def score_harness(
                                 max_context_tokens=max_context_tokens,
                                 on_episode=on_episode, should_stop=should_stop)
             traces.extend(done)
-            _check_invalid_share(done, backend, max_invalid_share)
+            check_invalid_share(done, backend, max_invalid_share)
     finally:
         if own_host:
             host.close()
+    return report_of(traces, k, time.perf_counter() - t0)
+
+
+def report_of(traces: list[EpisodeTrace], k: int, seconds: float) -> EvalReport:
+    """The report of scored episodes: one place computes it, for one harness or for each arm."""
     diag = metrics.diagnostics(traces)
     return EvalReport(
         mean_at_k=metrics.mean_at_k(traces),
@@ -112,11 +117,11 @@ def score_harness(
         n_tasks=len({t.task_id for t in traces}),
         diagnostics=diag,
         traces=traces,
-        seconds=time.perf_counter() - t0,
+        seconds=seconds,
     )
 
 
-def _check_invalid_share(wave: Sequence[EpisodeTrace], backend: Backend, limit: float) -> None:
+def check_invalid_share(wave: Sequence[EpisodeTrace], backend: Backend, limit: float) -> None:
     """One-line BackendError naming the server and what it answered, when too much of a wave is
     invalid."""
     invalid = [t for t in wave if metrics.is_invalid(t)]

@@ -11,7 +11,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
-from whale_lab.trace import EpisodeTrace
+from whale_lab.trace import PRIVATE_INFO_KEYS, EpisodeTrace
 
 
 def is_invalid(trace: EpisodeTrace) -> bool:
@@ -130,6 +130,24 @@ def diagnostics(traces: Sequence[EpisodeTrace]) -> dict[str, float]:
                 t.info.get("judge") == "fallback" for t in answered_judged
             ) / len(answered_judged)
     return out
+
+
+# Two val means this close are a tie (means of per-task means carry rounding error).
+VAL_TIE_TOL = 1e-9
+
+
+def reaches_best(value: float, best: float | None) -> bool:
+    """Whether a val mean@k is a new best of the run or ties it (within VAL_TIE_TOL). Under
+    `eval.test_every = "best"` both get their test score: a tie is broken by the paired val
+    tie-break (`report.select_on_val`), which can pick the later point only if it was scored."""
+    return best is None or value > best - VAL_TIE_TOL
+
+
+def archive_safe(diag: dict[str, float]) -> dict[str, float]:
+    """`diag` without the keys computed from the reference answers (`trace.PRIVATE_INFO_KEYS`,
+    e.g. `retrieval_recall`): what may be written where a proposer reads. The engine keeps the
+    full dict for its own diagnostics; one list of private keys serves traces and scores alike."""
+    return {k: v for k, v in diag.items() if str(k).lower() not in PRIVATE_INFO_KEYS}
 
 
 FAILURE_LABELS = {

@@ -51,6 +51,10 @@ class Prompt:
     # Which encoding made it (tokenizer and template settings): a backend re-encodes a Prompt
     # made under another one rather than trust its ids.
     encoding: object = None
+    # This prompt's own sampling seed (the rollout derives one per episode and turn), so its
+    # sample depends neither on its place in the call nor on what else is in it. None: the
+    # call's `SamplingParams.seed` with the prompt's index, as before.
+    seed: int | None = None
 
 
 # What `generate` takes: chats, or Prompts from the same backend's `encode`.
@@ -86,6 +90,20 @@ def encode_with(backend: Any, messages: Sequence[Message], where: str = "prompt"
     if callable(encode):
         return encode(messages, where=where)
     return Prompt(tuple(check_messages(messages, where)), int(backend.count_tokens(messages)))
+
+
+def prompt_seed(prompt: PromptLike) -> int | None:
+    """The prompt's own sampling seed; None for a chat or a Prompt without one."""
+    return prompt.seed if isinstance(prompt, Prompt) else None
+
+
+def row_seed(prompt: PromptLike, params: SamplingParams, index: int) -> int | None:
+    """The seed a backend that takes one per request sends for prompt `index` of a call: the
+    prompt's own, else the call's seed plus the index (equal prompts, other samples)."""
+    own = prompt_seed(prompt)
+    if own is not None:
+        return own
+    return None if params.seed is None else params.seed + index
 
 
 def prompt_messages(prompt: PromptLike, where: str) -> list[dict[str, str]]:

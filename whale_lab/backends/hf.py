@@ -8,11 +8,14 @@ with the tokenizer's chat template and decoded with continuous batching (`hf_bat
 `batch_size` rows in flight, a row leaving as soon as it ends (EOS, stop string, its own token
 budget) and a waiting prompt taking its place, so replies of ragged length waste no decode steps.
 Results come back in the caller's order. Seeded sampling gives each row its own RNG stream (from the
-seed and the row's index in the call), so a row's sample does not depend on the rest of the batch.
+prompt's own seed, `Prompt.seed`, else from the call's seed and the row's index in the call), so a
+row's sample does not depend on the rest of the batch.
 
 Models the scheduler does not cover (`hf_batching.supports_refill`), or `continuous=False`, use
 the padded path: prompts sorted by length, left-padded, one `model.generate` per chunk of
-`batch_size`, each chunk run to its longest row, one torch RNG seeded for the whole call.
+`batch_size`, each chunk run to its longest row, one torch RNG seeded for the whole call; when
+any prompt carries its own seed, every row there samples from its own stream too (the scheduler's
+sampler, run as a logits processor), so a seeded prompt's sample is the same on both paths.
 
 With `SamplingParams.logprobs` each generated token's log-probability comes back too, taken from
 the raw logits (before temperature/top-k/top-p), which is what a weight-sync check compares with
@@ -38,6 +41,7 @@ from whale_lab.backends.base import (
     check_params,
     cut_at_stop,
     prompt_messages,
+    prompt_seed,
 )
 from whale_lab.backends.hf_batching import DecodeStats
 from whale_lab.backends.hf_prefix_cache import PrefixCache
@@ -190,6 +194,7 @@ class HFBackend:
         if not prompts:
             return []
         encoded = [self._ids_of(p, f"prompt {i}") for i, p in enumerate(prompts)]
+        seeds = [prompt_seed(p) for p in prompts]
         results: list[Generation | None] = [None] * len(encoded)
         todo: list[int] = []
         for i, ids in enumerate(encoded):
@@ -208,17 +213,28 @@ class HFBackend:
                 todo.append(i)
         if todo and self.continuous and self._supports_refill():
             with self._generation_mode(None):
-                for i, gen in zip(todo, self._generate_refill(encoded, todo, params), strict=True):
+                for i, gen in zip(
+                    todo, self._generate_refill(encoded, todo, params, seeds), strict=True
+                ):
                     results[i] = gen
             return [r for r in results if r is not None]
         # Longest first, so each chunk holds prompts of similar length (little padding).
         todo.sort(key=lambda i: -len(encoded[i]))
         with self._generation_mode(params.seed):
+            # Per-row streams only where a prompt brought its own seed: otherwise as before.
+            rngs = (
+                self._rngs(len(encoded), params, seeds)
+                if any(s is not None for s in seeds)
+                else None
+            )
             for start in range(0, len(todo), self.batch_size):
                 chunk = todo[start : start + self.batch_size]
-                for i, gen in zip(
-                    chunk, self._generate_chunk([encoded[i] for i in chunk], params), strict=True
-                ):
+                gens = self._generate_chunk(
+                    [encoded[i] for i in chunk],
+                    params,
+                    None if rngs is None else [rngs[i] for i in chunk],
+                )
+                for i, gen in zip(chunk, gens, strict=True):
                     results[i] = gen
         return [r for r in results if r is not None]
 
@@ -236,17 +252,28 @@ class HFBackend:
             budget = min(budget, max_pos - len(row))
         return max(1, budget)
 
+    @staticmethod
+    def _rngs(n: int, params: SamplingParams, seeds: Sequence[int | None]) -> list[Any] | None:
+        """Each row's sampling stream (None for greedy): its prompt's seed, else the call's."""
+        from whale_lab.backends.hf_batching import row_rngs
+
+        return None if params.greedy else row_rngs(n, params.seed, seeds)
+
     def _generate_refill(
-        self, encoded: list[list[int]], todo: list[int], params: SamplingParams
+        self,
+        encoded: list[list[int]],
+        todo: list[int],
+        params: SamplingParams,
+        seeds: Sequence[int | None] | None = None,
     ) -> list[Generation]:
         """The rows `todo` of `encoded` through the refill scheduler, in the order of `todo`."""
         import torch
 
-        from whale_lab.backends.hf_batching import Request, Sampler, generate_refill, row_rngs
+        from whale_lab.backends.hf_batching import Request, Sampler, generate_refill
 
         eos_ids = self._eos_ids()
         pad_id = self._pad_id(eos_ids)
-        rngs = None if params.greedy else row_rngs(len(encoded), params.seed)
+        rngs = self._rngs(len(encoded), params, seeds or [None] * len(encoded))
         requests = [
             Request(encoded[i], self._budget(encoded[i], params), None if rngs is None else rngs[i])
             for i in todo
@@ -343,9 +370,13 @@ class HFBackend:
         except StopIteration:
             return torch.device(self.device or "cpu")
 
-    def _generate_chunk(self, rows: list[list[int]], params: SamplingParams) -> list[Generation]:
+    def _generate_chunk(
+        self, rows: list[list[int]], params: SamplingParams, rngs: list[Any] | None = None
+    ) -> list[Generation]:
+        """One padded `model.generate` over `rows`; with `rngs` (sampling only), each row samples
+        from its own stream (the scheduler's sampler as a logits processor, then a greedy pick)."""
         import torch
-        from transformers import GenerationConfig
+        from transformers import GenerationConfig, LogitsProcessorList
 
         eos_ids = self._eos_ids()
         pad_id = self._pad_id(eos_ids)
@@ -364,9 +395,12 @@ class HFBackend:
             input_ids[j, width - len(r) :] = torch.tensor(r, dtype=torch.long)
             attention[j, width - len(r) :] = 1
         sampling: dict[str, Any]
-        if params.greedy:
+        extra: dict[str, Any] = {"tokenizer": self.tokenizer} if params.stop else {}
+        if params.greedy or rngs is not None:
             # transformers' neutral values: sampling flags at their defaults raise no warning.
             sampling = {"do_sample": False, "temperature": 1.0, "top_p": 1.0, "top_k": 50}
+            if rngs is not None:  # sampled per row here; transformers' greedy pick takes it
+                extra["logits_processor"] = LogitsProcessorList([_RowSampling(params, rngs)])
         else:
             sampling = {
                 "do_sample": True,
@@ -386,7 +420,6 @@ class HFBackend:
             return_dict_in_generate=params.logprobs,
             **sampling,
         )
-        extra: dict[str, Any] = {"tokenizer": self.tokenizer} if params.stop else {}
         try:
             out = self.model.generate(
                 input_ids=input_ids.to(device),
@@ -485,6 +518,25 @@ class HFBackend:
     def close(self) -> None:
         """The kept rows go; the model stays, since it belongs to whoever trains it."""
         self.prefix_cache.clear()
+
+
+class _RowSampling:
+    """A logits processor that samples each row from its own RNG, as the refill scheduler does,
+    and leaves only that token possible: `model.generate`'s greedy pick then takes it. The
+    processors from the model's own generation config run before it."""
+
+    def __init__(self, params: SamplingParams, rngs: Sequence[Any]) -> None:
+        from whale_lab.backends.hf_batching import Sampler
+
+        self.sampler = Sampler(params.temperature, params.top_k, params.top_p)
+        self.rngs = list(rngs)
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        picks = self.sampler.pick(scores.to(dtype=torch.float32), self.rngs)
+        out = torch.full_like(scores, float("-inf"))
+        return out.scatter_(1, picks[:, None].to(out.device), 0.0)
 
 
 def _chosen_logprobs(step_logits: Sequence[Any], chosen: Any) -> Any:

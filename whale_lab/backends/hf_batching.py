@@ -30,6 +30,7 @@ reuse (~1e-6 on the logits; `model.generate`'s own left padding does the same): 
 equals sequential generation in the tests and on every benchmark prompt.
 
 Sampling is per row. Each row draws its uniforms from its own `random.Random`, seeded from the
+prompt's own seed (`Prompt.seed`, which the rollout derives per episode and turn) or else from the
 call's seed and the row's index in the call, and samples by inverse CDF from the distribution that
 transformers' temperature / top-k / top-p warpers leave. A seeded row's sample therefore does not
 depend on what else is in the batch, on the batch size, or on when it joined (with one RNG shared
@@ -126,13 +127,23 @@ class Request:
     logprobs: list[float] = field(default_factory=list)
 
 
-def row_rngs(n: int, seed: int | None) -> list[random.Random]:
-    """One RNG per row from the call's seed; without a seed, one draw from torch's global RNG."""
+def row_rngs(
+    n: int, seed: int | None, seeds: Sequence[int | None] | None = None
+) -> list[random.Random]:
+    """One RNG per row: from the row's own seed where `seeds` gives one (a prompt's seed, the
+    same whatever its place in the call), else from the call's seed and the row's index;
+    without either, one draw from torch's global RNG for the call."""
     import torch
 
-    if seed is None:
+    own = list(seeds) if seeds is not None else [None] * n
+    if len(own) != n:
+        raise ValueError(f"row_rngs: {len(own)} seeds for {n} rows")
+    if seed is None and any(s is None for s in own):
         seed = int(torch.randint(0, 2**62, ()).item())
-    return [random.Random(f"whale-lab:{seed}:{row}") for row in range(n)]
+    return [
+        random.Random(f"whale-lab:{seed}:{row}" if s is None else f"whale-lab:prompt:{s}")
+        for row, s in enumerate(own)
+    ]
 
 
 def supports_refill(model: Any) -> bool:

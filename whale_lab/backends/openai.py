@@ -47,6 +47,7 @@ from whale_lab.backends.base import (
     check_params,
     cut_at_stop,
     prompt_messages,
+    row_seed,
 )
 from whale_lab.backends.openai_checks import ServerChecks
 from whale_lab.backends.openai_common import (
@@ -265,15 +266,22 @@ class OpenAIBackend(ServerChecks):
             return []
         if self.verify:
             self._ensure_verified(params)
-        return self._generate(msgs, params)
+        return self._generate(msgs, params, [row_seed(p, params, i) for i, p in enumerate(prompts)])
 
     def _generate(
-        self, msgs: list[list[dict[str, str]]], params: SamplingParams
+        self,
+        msgs: list[list[dict[str, str]]],
+        params: SamplingParams,
+        seeds: Sequence[int | None] | None = None,
     ) -> list[Generation]:
+        """`seeds`: each request's `seed` (a prompt's own); None: the call's seed plus its index."""
         abort = threading.Event()
         pool = self._executor()
         futures: list[Future[tuple[Generation, int]]] = [
-            pool.submit(self._complete, i, m, params, abort) for i, m in enumerate(msgs)
+            pool.submit(
+                self._complete, i, m, params, abort, seed=None if seeds is None else seeds[i]
+            )
+            for i, m in enumerate(msgs)
         ]
         done, _ = wait(futures, return_when=FIRST_EXCEPTION)
         for f in done:
@@ -311,7 +319,9 @@ class OpenAIBackend(ServerChecks):
         params: SamplingParams,
         index: int,
         model: str | None = None,
+        seed: int | None = None,
     ) -> dict:
+        """The request body; `seed` (a prompt's own) wins over the call's seed plus `index`."""
         body: dict[str, Any] = {
             "model": model or self.active_model,
             "messages": messages,
@@ -332,7 +342,9 @@ class OpenAIBackend(ServerChecks):
             body["generation_config"] = json.dumps(_hf_generation_config(params))
         elif params.top_k > 0:
             body["top_k"] = params.top_k  # not in OpenAI's schema; vLLM and others accept it
-        if params.seed is not None:
+        if seed is not None:
+            body["seed"] = seed
+        elif params.seed is not None:
             body["seed"] = params.seed + index  # distinct per prompt: equal prompts, other samples
         if params.logprobs and self.server_kind != "transformers":
             body["logprobs"] = True
@@ -352,10 +364,11 @@ class OpenAIBackend(ServerChecks):
         *,
         model: str | None = None,
         retries: int | None = None,
+        seed: int | None = None,
     ) -> tuple[Generation, int]:
         """One prompt's completion, and the HTTP status when the server refused it (else 0)."""
         url = f"{self.base_url}/chat/completions"
-        body = self._body(messages, params, index, model)
+        body = self._body(messages, params, index, model, seed)
         max_retries = self.max_retries if retries is None else retries
         failure = _Failure("none", "")
         attempt = 0

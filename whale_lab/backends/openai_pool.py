@@ -4,7 +4,7 @@
 `model.concurrency` requests in flight, server checks and adapters). Every prompt of a batch goes
 to the endpoint with the fewest requests outstanding at that moment (ties to the first), so a slow
 or busy endpoint gets less work and a fast one more, and prompt i keeps the seed it would have on
-one endpoint (`seed + i`). A publish loads the adapter into every endpoint, and the served-policy
+one endpoint (its own `Prompt.seed`, else `seed + i`). A publish loads the adapter into every endpoint, and the served-policy
 check (`weights/sync.py`) probes each endpoint on its own, so one endpoint left on stale weights
 stops the run with its URL in the message.
 
@@ -30,6 +30,7 @@ from whale_lab.backends.base import (
     SamplingParams,
     check_params,
     prompt_messages,
+    row_seed,
 )
 from whale_lab.backends.openai import OpenAIBackend
 
@@ -106,19 +107,22 @@ class EndpointPool:
     def generate(self, prompts: Sequence[PromptLike], params: SamplingParams) -> list[Generation]:
         check_params(params)
         msgs = [prompt_messages(p, f"prompt {i}") for i, p in enumerate(prompts)]
-        futures = [self._pool.submit(self._one_request, i, m, params) for i, m in enumerate(msgs)]
+        seeds = [row_seed(p, params, i) for i, p in enumerate(prompts)]
+        futures = [
+            self._pool.submit(self._one_request, m, params, s)
+            for m, s in zip(msgs, seeds, strict=True)
+        ]
         return [f.result() for f in futures]
 
     def _one_request(
-        self, index: int, messages: list[dict[str, str]], params: SamplingParams
+        self, messages: list[dict[str, str]], params: SamplingParams, seed: int | None
     ) -> Generation:
+        """One prompt on the least busy endpoint, as prompt 0 of its own call with `seed`."""
         with self._lock:
             k = min(range(len(self.endpoints)), key=lambda j: (self.outstanding[j], j))
             self.outstanding[k] += 1
             self.sent[k] += 1
-        seeded = (
-            params if params.seed is None else dataclasses.replace(params, seed=params.seed + index)
-        )
+        seeded = params if seed is None else dataclasses.replace(params, seed=seed)
         try:
             (gen,) = self.endpoints[k].generate([messages], seeded)
         finally:

@@ -41,6 +41,7 @@ from whale_lab.backends.base import (
     check_params,
     cut_at_stop,
     prompt_messages,
+    row_seed,
 )
 
 if TYPE_CHECKING:
@@ -169,11 +170,12 @@ class VLLMBackend:
                 top_k=params.top_k if params.top_k > 0 else -1,
                 max_tokens=params.max_new_tokens,
                 stop=list(params.stop) or None,
-                seed=None if params.seed is None else params.seed + i,
+                # the prompt's own seed, else the call's plus its index
+                seed=row_seed(p, params, i),
                 # 0: no alternatives, only the sampled token's own log-probability
                 logprobs=0 if params.logprobs else None,
             )
-            for i in range(len(convs))
+            for i, p in enumerate(prompts)
         ]
         extra = (
             {"chat_template_kwargs": self.chat_template_kwargs} if self.chat_template_kwargs else {}

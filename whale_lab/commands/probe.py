@@ -42,8 +42,9 @@ def run_probe(
     """Probe `run_dir` (or a new run); returns 0 when the probe finished, 130/143 when SIGINT or
     SIGTERM stopped it.
 
-    `keep` False leaves the run as it was; True keeps the side that gained more (if it gained);
-    "weights", "harness" or "both" keep those.
+    `keep` False leaves the run as it was; True ("best") keeps the side whose paired gain
+    interval excludes zero on at least 5 val tasks (both: the higher low end), else the incumbent,
+    and says which; "weights", "harness" or "both" keep those.
     """
     console = stderr_console()
 
@@ -92,14 +93,22 @@ def _interval_text(interval: Any) -> str:
     return f"[{interval[0]:+.4f}, {interval[1]:+.4f}]"
 
 
+def _keep_note(result: ProbeResult) -> str:
+    from whale_lab.engine.probe import KEEP_NOTE_PREFIX
+
+    return next((e for e in result.evidence if e.startswith(KEEP_NOTE_PREFIX)), "")
+
+
 def _probe_json(result: ProbeResult, root: Path) -> dict[str, Any]:
-    """What a script needs: the verdict, and per side its gain, interval and verdict."""
+    """What a script needs: the verdict, and per side its gain, interval ([low, high]), verdict
+    and, where inconclusive, the paired val tasks and tasks x k rollouts that would resolve it."""
     return {
         "verdict": result.verdict,
         "recommendation": result.recommendation,
         "harness": result.sides.get("harness", {}),
         "weights": result.sides.get("weights", {}),
         "val_before": result.diagnostics.get("val_mean_at_k_before"),
+        "keep_note": _keep_note(result),
         "evidence": list(result.evidence),
         "run_dir": str(root),
     }
@@ -145,6 +154,9 @@ def _print_probe(console: Console, result: ProbeResult) -> None:
         )
     console.print(table)
     say(console, result.recommendation)
+    note = _keep_note(result)
+    if note:
+        say(console, note)
 
 
 def run_interaction_probe(cfg: Config, run_dir: str | Path | None, *, as_json: bool = False) -> int:

@@ -2,8 +2,8 @@
 
 Every point scores val; test (which only feeds the report) is scored under the same checkpoint
 key where `eval.test_every` asks for it: by default only at points whose val is a new best of
-the run, so the checkpoint selection picks on val always has its test score beside it, and
-`"always"` scores it everywhere. A point whose weights and harness are those of the last one is
+the run or ties it (`metrics.reaches_best`), so the checkpoint the selection picks on val, the
+paired tie-break included, always has its test score beside it; `"always"` scores it everywhere. A point whose weights and harness are those of the last one is
 skipped (it would measure the same thing again).
 """
 
@@ -19,6 +19,7 @@ from whale_lab.engine.probe import val_params
 from whale_lab.engine.runbook import RunBook, file_sha
 from whale_lab.engine.safepoints import SafePoints
 from whale_lab.events import EvalResult, Log
+from whale_lab.metrics import reaches_best
 from whale_lab.store import atomic_write_json
 
 
@@ -78,8 +79,9 @@ class EvaluationPoints:
                 sink=lambda split: ctx.sink(
                     f"eval-{split}", phase="eval", harness=host.info.name, info=info
                 ),
+                # a tie on val is scored on test too: the paired tie-break may choose it
                 wanted=lambda split, done: (
-                    split == "val" or floor is None or done["val"].mean_at_k > floor
+                    split == "val" or floor is None or reaches_best(done["val"].mean_at_k, floor)
                 ),
                 should_stop=self.points.eval_should_stop,
                 host=host,

@@ -3,7 +3,8 @@
 The paper's "the harness helps math only after a weight update" is a 2 x 2 claim. On a finished
 (or stopped) run, this probe scores {the last harness phase's incumbent, its best candidate} x
 {the weights at the start of the last weight phase, at its end} on the val tasks with the run's
-val seeds, so every cell shares tasks and sampling streams, and reports each cell, the harness
+val seeds, so every cell shares tasks and sampling streams (the two harnesses under one set of
+weights run interleaved, in the same generation calls), and reports each cell, the harness
 gain under each weights, and the interaction (gain after minus gain before) with a paired
 bootstrap interval over tasks. An interval that includes zero is "inconclusive", with the number
 of val tasks that would resolve an interaction of the observed size.
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from whale_lab.context import RunContext
+from whale_lab.context import Arm, RunContext
 from whale_lab.engine.errors import EngineError
 from whale_lab.engine.probe import STEP_OFFSET, val_params
 from whale_lab.engine.runbook import RunBook
@@ -207,25 +208,30 @@ class InteractionProbe:
                 used.append(int(tail))
         return max(used) + 1
 
-    def _score(self, harness: Path, name: str, label: str) -> dict[str, list[float | None]]:
+    def _score(
+        self, cells: list[tuple[Path, str]], name: str
+    ) -> list[dict[str, list[float | None]]]:
+        """The cells (harness, label) under the weights now served, as interleaved arms: every
+        turn is one generation over both harnesses' episodes, so drift lands on both."""
         from whale_lab.harness.host import harness_name
 
         tasks = list(self.ctx.domain.tasks("val"))
-        sink = self.ctx.sink(
-            name, phase="probe", harness=harness_name(harness), info={"interaction": label}
-        )
-        report = self.ctx.evaluator.score(
-            harness,
-            tasks,
-            self.k,
-            val_params(self.ctx.cfg, 0),
-            on_episode=sink,
-            should_stop=self.should_stop,
-        )
-        self.rollouts += report.rollouts
-        if report.rollouts < len(tasks) * self.k:
+        params = val_params(self.ctx.cfg, 0)
+        arms = [
+            Arm(
+                harness,
+                params,
+                self.ctx.sink(
+                    name, phase="probe", harness=harness_name(harness), info={"interaction": label}
+                ),
+            )
+            for harness, label in cells
+        ]
+        reports = self.ctx.evaluator.score_arms(arms, tasks, self.k, should_stop=self.should_stop)
+        self.rollouts += sum(r.rollouts for r in reports)
+        if any(r.rollouts < len(tasks) * self.k for r in reports):
             raise InteractionStopped("stop requested during the interaction probe")
-        return scores_by_task(report.traces)
+        return [scores_by_task(r.traces) for r in reports]
 
     def _load(self, ref: str, step: int) -> None:
         """Put the weights of `ref` into the trainable model (and serve them)."""
@@ -285,8 +291,10 @@ class InteractionProbe:
                 ("after", plan.after, plan.after_step),
             ):
                 self._load(ref, step)
-                for arm, path in (("incumbent", plan.incumbent), ("candidate", plan.candidate)):
-                    scores[f"{arm}/{when}"] = self._score(path, trace, f"{arm} x {when}")
+                cells = [("incumbent", plan.incumbent), ("candidate", plan.candidate)]
+                got = self._score([(path, f"{arm} x {when}") for arm, path in cells], trace)
+                for (arm, _), cell in zip(cells, got, strict=True):
+                    scores[f"{arm}/{when}"] = cell
         finally:
             with torch.no_grad():
                 for n, p in tm.named_trainable():

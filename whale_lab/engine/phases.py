@@ -14,7 +14,12 @@ from typing import Any
 from whale_lab.context import RunContext
 from whale_lab.engine.runbook import RunBook
 from whale_lab.engine.safepoints import SafePoints
-from whale_lab.engine.schedules import AdaptiveHarnessStop, AdaptiveWeightStop, PhaseSpec
+from whale_lab.engine.schedules import (
+    AdaptiveHarnessStop,
+    AdaptiveWeightStop,
+    PhaseSpec,
+    adaptive_weight_steps,
+)
 from whale_lab.engine.state import PhaseRecord
 from whale_lab.events import CommandApplied, Log, PhaseEnded, PhaseStarted, WeightStep
 from whale_lab.seams import Reviewer
@@ -179,8 +184,14 @@ class PhaseRunner:
             for rec in self.book.state.phases
             if rec.kind == "weight" and rec.index != i and rec.end_step is not None
         )
-        left = self.ctx.cfg.schedule.total_weight_epochs - used_steps / steps_per_epoch
-        return max(0.0, min(spec.budget, left))
+        schedule = self.ctx.cfg.schedule
+        steps = adaptive_weight_steps(
+            schedule.total_weight_epochs,
+            steps_per_epoch,
+            used_steps,
+            schedule.max_phase_weight_epochs,
+        )
+        return steps / steps_per_epoch
 
     def weight_phase(self, i: int, spec: PhaseSpec) -> str:
         rsft = self.weights()
@@ -193,6 +204,13 @@ class PhaseRunner:
                 done = rsft.step - int(rec.start_step or 0)
                 short = spec.adaptive and done < rsft.steps_for(self._weight_budget(i, spec, rsft))
                 reason = "patience" if short else "budget"
+            if (
+                not reason
+                and spec.adaptive
+                and not rsft.phase_active
+                and self._weight_budget(i, spec, rsft) <= 0
+            ):
+                reason = "budget"  # the shared total is spent: this phase takes no step
             rule = self._weight_rule(rsft) if spec.adaptive else None
             points.phase_active = True
             try:

@@ -48,6 +48,7 @@ from whale_lab.engine.verdict import (  # noqa: F401 - the probe's verdict, re-e
     TURN_CAP_HIGH,
     Recommendation,
     Signal,
+    interval_supports,
     probe_diagnostics,
     read_signals,
     recommend,
@@ -61,7 +62,7 @@ from whale_lab.events import (
     ProposerUsage,
     WeightStep,
 )
-from whale_lab.paired import paired_difference, scores_by_task
+from whale_lab.paired import MIN_TASKS, paired_difference, scores_by_task
 from whale_lab.store import RunStore, atomic_write_json
 from whale_lab.trace import EpisodeTrace
 
@@ -108,7 +109,9 @@ class ProbeSettings:
 
     harness_iterations: int = 3  # the incoming harness re-scored, then 2 proposer iterations
     weight_steps: int = 3
-    keep: str = "none"  # one of KEEP_MODES; "best" keeps the side that gained more (if > 0)
+    # one of KEEP_MODES; "best" keeps the side whose paired gain interval excludes zero (both:
+    # the one with the higher low end), else the incumbent
+    keep: str = "none"
     harness: bool = True
     weights: bool = True
 
@@ -160,6 +163,18 @@ class SideResult:
     paired: dict[str, Any] | None = None
     interval: tuple[float, float] | None = None
     verdict: str = "not run"  # "gain" | "loss" | "inconclusive" | "unchanged" | "not run"
+    n_tasks: int = 0  # the paired val tasks behind the interval
+    wins: int = 0  # of those, the tasks whose val mean rose (they back a gain)
+    losses: int = 0  # and those whose val mean fell (they back a loss)
+    # where inconclusive: the paired val tasks (and tasks x k rollouts per arm) that would resolve
+    # the observed change at 80% power; None where no size would (no change) or none is needed
+    needed_tasks: int | None = None
+    needed_rollouts: int | None = None
+
+    @property
+    def supported(self) -> bool:
+        """Its gain interval's low end is above zero and at least MIN_TASKS val tasks rose."""
+        return self.ran and interval_supports(self.interval, self.wins)
 
 
 @dataclass
@@ -176,6 +191,7 @@ class ProbeReport:
     recommendation: Recommendation
     keep: str
     kept: tuple[str, ...] = ()
+    keep_note: str = ""  # `keep best`: which side was kept and why (or why the incumbent stays)
     seconds: float = 0.0
     eval_rollouts: int = 0
     weight_phase: Any = None  # the probe's RsftPhase when its weights are to be kept
@@ -201,7 +217,7 @@ class ProbeReport:
             harness_gain_per_1k=self.harness.gain_per_1k or 0.0,
             weight_gain_per_1k=self.weights.gain_per_1k or 0.0,
             recommendation=self.recommendation.text,
-            evidence=self.recommendation.evidence,
+            evidence=self.recommendation.evidence + ((self.keep_note,) if self.keep_note else ()),
             diagnostics=diag,
             verdict=self.recommendation.side,
             sides={s.side: _side_summary(s) for s in (self.harness, self.weights)},
@@ -221,6 +237,7 @@ class ProbeReport:
             "recommendation": dataclasses.asdict(self.recommendation),
             "keep": self.keep,
             "kept": list(self.kept),
+            "keep_note": self.keep_note,
             "seconds": round(self.seconds, 3),
             "eval_rollouts": self.eval_rollouts,
             "rollouts": self.rollouts,
@@ -233,6 +250,11 @@ def _side_summary(s: SideResult) -> dict[str, Any]:
         "gain_per_1k": s.gain_per_1k,
         "interval": list(s.interval) if s.interval is not None else None,
         "verdict": s.verdict,
+        "n_tasks": s.n_tasks,
+        "wins": s.wins,
+        "losses": s.losses,
+        "needed_tasks": s.needed_tasks,
+        "needed_rollouts": s.needed_rollouts,
         "rollouts": s.rollouts,
         "eval_rollouts": s.eval_rollouts,
         "val_after": s.val_after,
@@ -241,21 +263,97 @@ def _side_summary(s: SideResult) -> dict[str, Any]:
     }
 
 
-def _needed_text(sides: list[SideResult], *, n_tasks: int) -> str:
-    """How many val tasks would resolve the larger of the measured changes (paired)."""
+KEEP_NOTE_PREFIX = "keep best: "
+
+
+def keep_best(harness: SideResult, weights: SideResult) -> tuple[str | None, str]:
+    """Which side `--keep best` keeps, and the sentence that says why. Intervals decide, never
+    point estimates: a side is kept only when its paired gain interval excludes zero with at least
+    MIN_TASKS val tasks up (both: the higher low end, the surer gain per rollout); otherwise the
+    incumbent weights and harness stay."""
+    backed = [s for s in (harness, weights) if s.supported]
+    if not backed:
+        return None, (
+            f"{KEEP_NOTE_PREFIX}kept the incumbent weights and harness: neither side's paired "
+            f"gain interval excludes zero with at least {MIN_TASKS} val tasks up "
+            f"(harness {_interval_words(harness)}, weights {_interval_words(weights)})"
+        )
+    chosen = max(backed, key=lambda s: s.interval[0] if s.interval else -math.inf)
+    other = weights if chosen is harness else harness
+    why = (
+        "its interval excludes zero and the other's does not"
+        if len(backed) == 1
+        else "both exclude zero; its low end is the higher"
+    )
+    return chosen.side, (
+        f"{KEEP_NOTE_PREFIX}kept the {chosen.side}: gain {_interval_words(chosen)} per 1,000 "
+        f"rollouts, {chosen.wins} of {chosen.n_tasks} paired val tasks up; {why} "
+        f"({other.side} {_interval_words(other)})"
+    )
+
+
+def _interval_words(s: SideResult) -> str:
+    if not s.ran or s.gain_per_1k is None:
+        return "not measured"
+    if s.interval is None:
+        return f"{s.gain_per_1k:+.3f} (no interval)"
+    return f"{s.gain_per_1k:+.3f} [{s.interval[0]:+.3f}, {s.interval[1]:+.3f}]"
+
+
+def _needed_text(sides: list[SideResult], *, n_tasks: int, k: int) -> str:
+    """How many paired val tasks, and tasks x k rollouts, would resolve the larger of the
+    inconclusive changes (from the observed spread of the per-task differences)."""
     best: tuple[float, int] | None = None
     for side in sides:
-        p = side.paired
-        if not p or p.get("needed_tasks") is None:
+        if side.verdict != "inconclusive" or side.needed_tasks is None or not side.paired:
             continue
-        if best is None or abs(p["diff"]) > best[0]:
-            best = (abs(p["diff"]), int(p["needed_tasks"]))
+        if best is None or abs(side.paired["diff"]) > best[0]:
+            best = (abs(side.paired["diff"]), side.needed_tasks)
     if best is None:
         return ""
+    diff, tasks = best
     return (
-        f"About {best[1]} val tasks (paired, k as now; {n_tasks} now) would resolve a change of "
-        f"{best[0]:.3f} val mean@k."
+        f"About {tasks:,} paired val tasks x k = {k} ({tasks * k:,} val rollouts per arm; "
+        f"{n_tasks} tasks, {n_tasks * k:,} rollouts now) would resolve a change of {diff:.3f} "
+        "val mean@k (80% power, 95% level)."
     )
+
+
+def judge_side(
+    out: SideResult,
+    baseline: list[EpisodeTrace],
+    after: list[EpisodeTrace],
+    *,
+    k: int,
+    seed: int = 0,
+) -> None:
+    """Fill `out`'s paired comparison of val after vs before (same tasks, same seeds): the
+    gain interval per 1,000 of its rollouts, the verdict ("gain" / "loss" only when the interval
+    excludes zero and at least MIN_TASKS tasks moved that way), and, where inconclusive, the size
+    in tasks and in tasks x k rollouts that would resolve the observed change."""
+    r = paired_difference(scores_by_task(baseline), scores_by_task(after), seed=seed)
+    out.paired = r.to_dict()
+    out.n_tasks, out.wins, out.losses = r.n_tasks, r.wins, r.losses
+    scale = 1000.0 / max(out.rollouts, 1)
+    out.interval = (r.low * scale, r.high * scale)
+    if out.supported:
+        out.verdict = "gain"
+    elif interval_supports((-r.high, -r.low), r.losses):
+        out.verdict = "loss"
+    else:
+        out.verdict = "inconclusive"
+    out.needed_tasks = out.needed_rollouts = None
+    if out.verdict == "inconclusive":
+        need = r.needed_tasks()
+        if need is None and r.n_tasks < MIN_TASKS and abs(r.diff) > GAIN_EPS:
+            need = MIN_TASKS  # no spread to read on so few tasks: at least the minimum
+        moved = r.wins if r.diff >= 0 else r.losses
+        if need is not None and 0 < moved < MIN_TASKS:
+            # enough tasks for MIN_TASKS of them to move at the rate observed
+            need = max(need, math.ceil(r.n_tasks * MIN_TASKS / moved))
+        if need is not None:
+            out.needed_tasks = max(need, MIN_TASKS)
+            out.needed_rollouts = out.needed_tasks * k
 
 
 def _gain(before: float, after: float, rollouts: int) -> float:
@@ -316,14 +414,9 @@ class BottleneckProbe:
             return
         if after is None:
             out.interval, out.verdict = (0.0, 0.0), "unchanged"
+            out.n_tasks = len({t.task_id for t in self._baseline})
             return
-        r = paired_difference(
-            scores_by_task(self._baseline), scores_by_task(after), seed=self.index
-        )
-        out.paired = r.to_dict()
-        scale = 1000.0 / max(out.rollouts, 1)
-        out.interval = (r.low * scale, r.high * scale)
-        out.verdict = {"better": "gain", "worse": "loss"}.get(r.verdict(), "inconclusive")
+        judge_side(out, self._baseline, after, k=self.k, seed=self.index)
 
     def _side_emit(self, side: str, origin: Path) -> Callable[[Event], None]:
         """Events of a side's phase, as the run should see them: episodes marked `probe` (with
@@ -427,7 +520,11 @@ class BottleneckProbe:
             weight_note=weights.error or weights.note,
             harness_interval=harness.interval if harness.ran else None,
             weight_interval=weights.interval if weights.ran else None,
-            needed=_needed_text([harness, weights], n_tasks=len({t.task_id for t in traces})),
+            needed=_needed_text(
+                [harness, weights], n_tasks=len({t.task_id for t in traces}), k=self.k
+            ),
+            harness_backing=harness.wins if harness.ran else None,
+            weight_backing=weights.wins if weights.ran else None,
         )
         kept: list[str] = []
         if keep_weights:
@@ -435,6 +532,7 @@ class BottleneckProbe:
         if harness.ran and self._keep_side("harness", keep, harness, weights):
             if harness.artifact and not _same_code(harness.artifact, self.harness_path):
                 kept.append("harness")
+        keep_note = keep_best(harness, weights)[1] if keep == "best" else ""
         report = ProbeReport(
             index=self.index,
             folder=str(self.root),
@@ -448,6 +546,7 @@ class BottleneckProbe:
             recommendation=rec,
             keep=keep,
             kept=tuple(kept),
+            keep_note=keep_note,
             seconds=time.perf_counter() - t0,
             eval_rollouts=self.eval_rollouts,
             weight_phase=self._kept_phase if keep_weights else None,
@@ -457,17 +556,10 @@ class BottleneckProbe:
 
     @staticmethod
     def _keep_side(side: str, keep: str, harness: SideResult, weights: SideResult) -> bool:
+        """Whether `side` is kept: asked for by name, or `best` and its interval decides it."""
         if keep in (side, "both"):
             return True
-        if keep != "best":
-            return False
-        mine = harness if side == "harness" else weights
-        other = weights if side == "harness" else harness
-        if not mine.ran or mine.gain_per_1k is None or mine.gain_per_1k <= GAIN_EPS:
-            return False
-        return not (
-            other.ran and other.gain_per_1k is not None and other.gain_per_1k >= mine.gain_per_1k
-        )
+        return keep == "best" and keep_best(harness, weights)[0] == side
 
     def _harness_side(self, val0: float) -> SideResult:
         """A few Meta-Harness iterations in a scratch archive (auto approval)."""

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from whale_lab import events as ev
+from whale_lab.metrics import VAL_TIE_TOL
 from whale_lab.paired import METHOD, paired_difference
 from whale_lab.store import RunStore, atomic_write_json, atomic_write_text
 
@@ -166,11 +167,12 @@ def select_on_val(
     rollout order, a later point replaces the one held when it wins more val tasks than it loses
     against it (then: a higher paired mean on the shared tasks, which differs from the tie only
     where episodes were invalid); otherwise the earlier point, with fewer rollouts, stays. Test
-    never decides. Under `eval.test_every = "best"` only the first point to reach a val is scored
-    on test, so the tie is broken among the points that have a test score, and the rule says so.
+    never decides. Under `eval.test_every = "best"` a point that ties the best val is scored on
+    test too (`metrics.reaches_best`), so every tied point takes part; a tied point without a test
+    score (a run recorded before that rule) is left out, and the rule says so.
     """
     top = max(p.val for p in curve)
-    tied = [p for p in curve if math.isclose(p.val, top, rel_tol=0.0, abs_tol=1e-9)]
+    tied = [p for p in curve if math.isclose(p.val, top, rel_tol=0.0, abs_tol=VAL_TIE_TOL)]
     if len(tied) == 1:
         return tied[0], "best on val"
     tested = [p for p in tied if p.test is not None]

@@ -93,14 +93,40 @@ def proposal_budget(cfg: ScheduleConfig, candidates_per_iteration: int) -> int:
     )
 
 
+def adaptive_weight_steps(
+    total_epochs: float,
+    steps_per_epoch: float,
+    used_steps: int,
+    cap_epochs: float = 0.0,
+) -> int:
+    """Steps an adaptive weight phase may take: what the earlier weight phases left of the shared
+    total, capped by `max_phase_weight_epochs` when set; 0 when the total is spent.
+
+    Counted in whole steps, the total rounded as a fixed schedule rounds it
+    (`RsftPhase.steps_for`), so the adaptive phases of a run sum to at most the steps a
+    weight-only run of the same total takes. Converting what is left back to epochs and asking
+    for "at least one step" is how a run went one step past the total (the last phase of math
+    seed 1: nothing left, one step taken): the caller must end a phase whose budget is 0 at once.
+    """
+    total = max(0, round(total_epochs * steps_per_epoch))
+    left = max(0, total - max(0, int(used_steps)))
+    if cap_epochs > 0:
+        left = min(left, max(1, round(cap_epochs * steps_per_epoch)))
+    return left
+
+
 class AdaptiveWeightStop:
     """End a weight phase once the sliding-window mean training reward stops setting new bests.
 
-    As the paper states it: the window mean is tracked from the phase's first step (over the
-    steps so far until the window is full), a new phase-best must beat the old one strictly, and
-    the phase ends once `patience` steps have passed without one, but never before `min_steps`.
-    Window, minimum length and patience are separate keys (0.2 epoch each in the paper), so a
-    reward that has plateaued ends the phase at its minimum.
+    WHALE: the weight phase ends when the sliding-window mean training reward has set no new
+    phase-best for P_w steps (window = minimum length = patience = 0.2 epoch). Exactly: the
+    window mean is tracked from the phase's first step (over the steps so far until the window is
+    full); a new phase-best must beat the old one strictly; the phase ends at the first step
+    t >= `min_steps` at which none of the last `patience` steps (t - patience + 1 .. t) set a new
+    best. Window, minimum length and patience are separate keys. Consequences at equal values w:
+    a reward flat from the first step ends the phase at step w + 1 (the best is set at step 1);
+    a reward that rises until step p and is flat after keeps raising the window mean until the
+    window holds the plateau alone (step p + w - 1), so the phase ends at step p + 2w - 1.
     """
 
     def __init__(self, steps_per_epoch: float, cfg: ScheduleConfig) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from whale_lab import metrics
+from whale_lab.paired import MIN_TASKS
 from whale_lab.trace import EpisodeTrace
 
 # Trace signals: thresholds above (or below) which a diagnostic points at one side.
@@ -209,13 +210,17 @@ def recommend(
     harness_interval: tuple[float, float] | None = None,
     weight_interval: tuple[float, float] | None = None,
     needed: str = "",
+    harness_backing: int | None = None,
+    weight_backing: int | None = None,
 ) -> Recommendation:
     """Decide which side to work on next, from measured gains (val mean@k per 1,000 rollouts;
     None when a side could not be measured) and trace signals; say why in plain words.
 
     With paired intervals for the gains (what a probe measures), a side is named only when its
-    interval excludes zero: "harness", "weights", "both", or "inconclusive" with the size that
-    would be needed (`needed`); the traces are evidence then, never the verdict. Without intervals
+    interval's low end is above zero and at least `paired.MIN_TASKS` val tasks back it (tasks
+    whose val mean rose: `harness_backing`, `weight_backing`; an unknown count backs nothing):
+    "harness", "weights", "both", or "inconclusive" with the size that would be needed
+    (`needed`); the traces are evidence then, never the verdict. Without intervals
     (gains from elsewhere) measured gains decide when one side is clearly ahead and the traces
     break ties; with nothing to go on the answer is "unclear".
     """
@@ -223,6 +228,7 @@ def recommend(
         return _paired_verdict(
             harness_gain, weight_gain, signals, harness_interval, weight_interval,
             harness_note=harness_note, weight_note=weight_note, needed=needed,
+            harness_backing=harness_backing, weight_backing=weight_backing,
         )
     h_votes = [s for s in signals if s.side == "harness"]
     w_votes = [s for s in signals if s.side == "weights"]
@@ -282,14 +288,26 @@ def recommend(
     return Recommendation(side, text, tuple(evidence))
 
 
-
-
 def _fmt_interval(gain: float | None, interval: tuple[float, float] | None) -> str:
     if gain is None:
         return "not measured"
     if interval is None:
         return f"{gain:+.3f} (no interval)"
     return f"{gain:+.3f} [{interval[0]:+.3f}, {interval[1]:+.3f}]"
+
+
+def interval_supports(interval: tuple[float, float] | None, backing: int | None) -> bool:
+    """A gain is supported when its paired interval's low end is above zero and at least
+    `MIN_TASKS` tasks back it (won: their val mean rose). A percentile bootstrap over a handful of
+    changed tasks among many ties is narrow by construction: 4 tasks up, none down and 20 tied
+    give a low end above zero, while a sign test on those 4 gives p = 0.125."""
+    return (
+        interval is not None
+        and math.isfinite(interval[0])
+        and interval[0] > GAIN_EPS
+        and backing is not None
+        and backing >= MIN_TASKS
+    )
 
 
 def _paired_verdict(
@@ -302,6 +320,8 @@ def _paired_verdict(
     harness_note: str,
     weight_note: str,
     needed: str,
+    harness_backing: int | None = None,
+    weight_backing: int | None = None,
 ) -> Recommendation:
     evidence = [
         "harness probe: val mean@k per 1,000 rollouts "
@@ -313,11 +333,18 @@ def _paired_verdict(
         "intervals: 95% percentile bootstrap over val tasks, paired (same tasks, same seeds)",
     ]
     evidence += [s.text for s in signals]
-    supported = {
-        side
-        for side, interval in (("harness", harness_interval), ("weights", weight_interval))
-        if interval is not None and interval[0] > 0.0
-    }
+    counts = {"harness": harness_backing, "weights": weight_backing}
+    intervals = {"harness": harness_interval, "weights": weight_interval}
+    supported = {side for side in counts if interval_supports(intervals[side], counts[side])}
+    # an interval above zero on too few tasks: said, never named
+    thin = [
+        f"the {side} interval is above zero but only {counts[side] or 0} val tasks back it "
+        f"(rose; at least {MIN_TASKS} are needed)"
+        for side in counts
+        if side not in supported
+        and intervals[side] is not None
+        and intervals[side][0] > GAIN_EPS  # type: ignore[index]
+    ]
     if supported == {"harness", "weights"}:
         return Recommendation(
             "both",
@@ -337,7 +364,8 @@ def _paired_verdict(
             side,  # type: ignore[arg-type]
             f"The {name} {'is' if side == 'harness' else 'are'} the bottleneck now: its probe gained "
             f"{_fmt_interval(gain, interval)} val mean@k per 1,000 rollouts, an interval that "
-            f"excludes zero, and the other side's does not. Run a {what} next.",
+            f"excludes zero with {counts[side]} val tasks up, and the other side's does not. "
+            f"Run a {what} next.",
             tuple(evidence),
         )
     leaning = ""
@@ -349,8 +377,11 @@ def _paired_verdict(
     return Recommendation(
         "inconclusive",
         "Inconclusive: no difference detected at this size (neither probe's gain interval excludes "
-        f"zero: harness {_fmt_interval(harness_gain, harness_interval)}, weights "
-        f"{_fmt_interval(weight_gain, weight_interval)} per 1,000 rollouts)."
+        f"zero with at least {MIN_TASKS} val tasks up: harness "
+        f"{_fmt_interval(harness_gain, harness_interval)}, weights "
+        f"{_fmt_interval(weight_gain, weight_interval)} per 1,000 rollouts"
+        + (f"; {'; '.join(thin)}" if thin else "")
+        + ")."
         + (f" {needed}" if needed else "")
         + leaning,
         tuple(evidence),

@@ -59,7 +59,7 @@ One folder per candidate under `candidates/<id>/`:
 | `hypothesis.md` | why this change should help, citing evidence |
 | `validation.json` | contract / sandbox / prompt-only check: ok and reason |
 | `smoke.json` | smoke run on a few `harness` tasks: success rate, failures |
-| `scores.json` | score on the `harness` split: success_rate, mean_turns, tokens, failures |
+| `scores.json` | score on the `harness` split: success_rate, mean_turns, tokens, failures, diagnostics (none computed from the reference answers) |
 | `smoke_traces.jsonl` | the smoke run's episodes |
 | `traces.jsonl` | one episode per line: every prompt, raw model output, parsed action, observation, feedback, stop reason |
 | `status.json` | proposed, invalid, awaiting_review, rejected, approved, evaluated, crashed or accepted |

@@ -1,7 +1,8 @@
 """The harness phase: Meta-Harness search under the current weights, resumable from its archive.
 
 Iteration 1 re-scores the incoming harness under the current weights (twice with paired
-acceptance: the second scoring measures the split's noise floor). Every later iteration asks the
+acceptance, both scorings interleaved in the same generation calls: the second, with other
+sampling seeds, measures the split's noise floor). Every later iteration asks the
 proposer for M candidates (having read the archive), validates them, puts them through the
 approval gate, and scores the approved ones on the `harness` split. At the end the best candidate
 is accepted when its paired interval against the incoming harness clears `min_gain` (or, with
@@ -11,6 +12,7 @@ written to the archive before the next begins, so a killed phase resumes where i
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +20,7 @@ from typing import Any
 
 from whale_lab.backends.base import Backend, BackendError
 from whale_lab.config import Config
-from whale_lab.context import EpisodeSink, RunContext
+from whale_lab.context import Arm, EpisodeSink, RunContext
 from whale_lab.domains.base import Domain, Task
 from whale_lab.errors import WhaleLabError
 from whale_lab.events import (
@@ -34,8 +36,11 @@ from whale_lab.events import (
 )
 from whale_lab.seams import ReviewDecision, Reviewer, ReviewItem
 from whale_lab.search.acceptance import (
+    REPEAT_SALT,
+    _mix,
     last_acceptance_is,
     measure_noise_floor,
+    noise_floor_record,
     paired_acceptance_note,
 )
 from whale_lab.search.approval import ApprovalGate
@@ -525,6 +530,9 @@ class HarnessPhase:
         self.archive.write_summary()
 
     def _score(self, cid: str) -> None:
+        if self._paired and "noise_floor" not in self.state and cid == self._incoming_id():
+            self._score_incoming_twice(cid)
+            return
         folder = self.archive.folder(cid)
         traces_path = folder / "traces.jsonl"
         traces_path.unlink(missing_ok=True)  # a partial file from an interrupted scoring
@@ -567,8 +575,73 @@ class HarnessPhase:
     def _paired(self) -> bool:
         return self.cfg.harness_search.acceptance == "paired"
 
+    def _score_incoming_twice(self, cid: str) -> None:
+        """The incoming harness's scoring and its repeat (other seeds) as two interleaved arms.
+
+        Both share every generation call, so the noise floor measures the seeds' noise, not
+        drift between two runs. Records what `_score` and then `_measure_noise_floor` would:
+        the same traces files, events, scores and noise-floor record (a phase killed between
+        the two writes measures the floor again alone on resume, with the same seeds).
+        """
+        folder = self.archive.folder(cid)
+        path = folder / "harness.py"
+        sinks = []
+        for name, label in (("traces.jsonl", cid), ("traces_repeat.jsonl", f"{cid}-repeat")):
+            (folder / name).unlink(missing_ok=True)  # a partial file from an interrupted scoring
+            sinks.append(
+                EpisodeSink.for_file(
+                    folder / name, self.store.root, self.emit, phase="harness", harness=label
+                )
+            )
+        host = self.hosts.get(cid, path)
+        repeat_params = dataclasses.replace(self.params, seed=_mix(self.params.seed, REPEAT_SALT))
+        error = ""
+        reports = None
+        try:
+            reports = self.evaluator.score_arms(
+                [
+                    Arm(path, self.params, sinks[0], host),
+                    Arm(path, repeat_params, sinks[1], host),
+                ],
+                self.tasks,
+                self.k,
+                should_stop=self._stop,
+            )
+        except (BackendError, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the candidate's crash, recorded as such
+            error = f"{type(exc).__name__}: {exc}"
+        finally:
+            for sink in sinks:
+                sink.close()
+        if self._stop():
+            raise _Stopped()
+        if reports is None:
+            self.emit(record_crash(self.archive, cid, error))
+            self.archive.write_summary()
+            return
+        report, repeat = reports
+        summary = write_scores(self.archive, cid, report)
+        self.state["rollouts"] += report.rollouts
+        self._save()
+        self.emit(set_scored_status(self.archive, cid, report, summary))
+        self.archive.write_summary()
+        self.state["rollouts"] += repeat.rollouts
+        if self.archive.status(cid) in SCORED_STATUSES:
+            record = noise_floor_record(cid, self.archive.traces(cid), repeat.traces, self.k)
+            self._record_noise_floor(cid, record)
+        else:
+            self._save()
+
+    def _record_noise_floor(self, cid: str, record: dict[str, Any]) -> None:
+        self.state["noise_floor"] = record
+        self.archive.write_json(cid, "noise_floor", record)
+        self._save()
+        self.emit(Log(level="info", message=f"harness split noise floor: {record['note']}"))
+
     def _measure_noise_floor(self) -> None:
-        """The incoming harness scored a second time and paired with the first (noise alone)."""
+        """The incoming harness scored a second time and paired with the first (noise alone),
+        where it was scored without its repeat (a phase resumed between the two records)."""
         incoming = self._incoming_id()
         if incoming is None or self.archive.status(incoming) not in SCORED_STATUSES:
             return
@@ -585,10 +658,7 @@ class HarnessPhase:
         )
         self._check_stop()
         self.state["rollouts"] += rollouts
-        self.state["noise_floor"] = record
-        self.archive.write_json(incoming, "noise_floor", record)
-        self._save()
-        self.emit(Log(level="info", message=f"harness split noise floor: {record['note']}"))
+        self._record_noise_floor(incoming, record)
 
     # ------------------------------------------------------------------ acceptance
     def _accept(self, why: str) -> str | None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from whale_lab.events import CandidateScored
+from whale_lab.metrics import archive_safe
 from whale_lab.search.archive import PhaseArchive
 from whale_lab.search.validate import summarise_traces
 
@@ -35,7 +36,8 @@ def record_crash(archive: PhaseArchive, cid: str, error: str) -> CandidateScored
 
 
 def write_scores(archive: PhaseArchive, cid: str, report: Any) -> dict[str, Any]:
-    """The candidate's scores.json; returns the trace summary its status is read from."""
+    """The candidate's scores.json; returns the trace summary its status is read from. Proposers
+    read this file, so diagnostics computed from the reference answers stay engine-side."""
     summary = summarise_traces([t.to_dict() for t in report.traces])
     scores = {
         **summary,
@@ -48,7 +50,7 @@ def write_scores(archive: PhaseArchive, cid: str, report: Any) -> dict[str, Any]
         "k": report.k,
         "n_tasks": report.n_tasks,
         "seconds": round(report.seconds, 3),
-        "diagnostics": report.diagnostics,
+        "diagnostics": archive_safe(dict(report.diagnostics)),
     }
     archive.write_json(cid, "scores", scores)
     return summary

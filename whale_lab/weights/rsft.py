@@ -49,6 +49,7 @@ from whale_lab.events import (
     PhaseProgress,
     WeightStep,
 )
+from whale_lab.metrics import reaches_best
 from whale_lab.store import RunStore, read_jsonl
 from whale_lab.trace import EpisodeTrace
 from whale_lab.weights.checkpoint import Checkpointer
@@ -613,7 +614,8 @@ class RsftPhase(ResumablePhase):
         should_stop: Callable[[], bool] | None,
     ) -> EvalRecord | None:
         """Val always; test too under `eval.test_every = "always"`, else only where val is a new
-        best of the run (test only feeds the report, and the selected point always has it)."""
+        best of the run or ties it (`metrics.reaches_best`: test only feeds the report, and the
+        selected point, a tie broken by the paired val tie-break included, always has it)."""
         self.tm.eval()
         k = self.cfg.sampling.k
         always = self.cfg.eval.test_every == "always"
@@ -633,7 +635,7 @@ class RsftPhase(ResumablePhase):
             k,
             sink=lambda split: self._episode_sink(f"eval-{split}", "eval", harness_name, info),
             wanted=lambda split, done: (
-                split == "val" or floor is None or done["val"].mean_at_k > floor
+                split == "val" or floor is None or reaches_best(done["val"].mean_at_k, floor)
             ),
             should_stop=should_stop,
             host=host,
