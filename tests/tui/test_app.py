@@ -170,7 +170,9 @@ async def test_phase_control_sends_commands_and_disables_what_does_not_apply(
         assert app.check_action("pause", ()) is True
         assert app.check_action("resume", ()) is None  # disabled, shown greyed
         await pilot.press("p")
-        await wait_for(pilot, lambda: app.view.paused)
+        # CommandReceived and CommandApplied are separate events: a flush between them shows
+        # "pausing", so wait for the state the user sees rather than the view's flag
+        await wait_for(pilot, lambda: app.display_state() == "paused")
         assert app.display_state() == "paused"
         assert app.check_action("pause", ()) is None
         assert app.check_action("resume", ()) is True

@@ -4,13 +4,19 @@ first-run panel."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from textual.widgets import RadioButton
+import pytest
+from textual.widgets import Label, RadioButton
 
 from whale_lab.config import Config, RunConfig
+from whale_lab.events import ActivityProgress
 from whale_lab.tui.app import WhaleLabApp
 from whale_lab.tui.launcher import (
     FirstRunScreen,
@@ -170,3 +176,77 @@ async def test_without_offer_runs_nothing_is_asked(tmp_path: Path, make_engines,
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: bool(factory.calls))
         assert not isinstance(app.screen, (StartScreen, FirstRunScreen))
+
+
+HOLD_LOCK = """
+import sys
+from pathlib import Path
+from whale_lab.engine import runlock
+
+runlock.acquire(Path(sys.argv[1]))
+print("held", flush=True)
+sys.stdin.read()  # until the test closes stdin
+runlock.release(Path(sys.argv[1]))
+"""
+
+
+@pytest.fixture
+def held_run(tmp_path: Path) -> Iterator[tuple[Path, subprocess.Popen[str]]]:
+    """runs/ whose unfinished run another process has open: it took the engine's own lock."""
+    runs = _runs(tmp_path)
+    cut = runs / "20260102-000000-cut"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(cut)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        yield cut, proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_find_runs_names_the_process_holding_a_run(held_run) -> None:
+    cut, proc = held_run
+    runs = find_runs(cut.parent)
+    latest = latest_unfinished(runs)
+    assert latest is not None and latest.path == cut and latest.holder == proc.pid
+    assert all(r.holder is None for r in runs if r.path != cut)
+
+
+async def test_resuming_a_held_run_follows_it_read_only(held_run, make_engines, wait_for) -> None:
+    cut, proc = held_run
+    factory = Recorder(make_engines())
+    app = _app(cut.parent, factory)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await pilot.pause()
+        assert isinstance(app.screen, StartScreen)
+        said = " ".join(str(label.render()) for label in app.screen.query(Label))
+        assert f"open in process {proc.pid}" in said and "read-only" in said
+        await pilot.press("r")
+        await wait_for(pilot, lambda: app.read_only_pid == proc.pid)
+        assert not factory.calls  # no second engine on the folder, so nothing can fail
+        assert app.display_state() == "read-only" and not app.engine_error
+        assert app.run_root == cut and app.view.event_count >= 40
+        assert f"process {proc.pid}" in app._control_state_text().plain
+        assert app.check_action("resume", ()) is None
+        # the holder writes on: the app follows its events
+        before = app.view.event_count
+        with open(cut / "events.jsonl", "a", encoding="utf-8") as fh:
+            ev = ActivityProgress(activity="eval", label="val", done=3, total=8)
+            fh.write(json.dumps(ev.to_dict()) + "\n")
+        await wait_for(pilot, lambda: app.view.event_count == before + 1)
+        # the holder lets go: resume (g) continues the run here, with an engine of its own
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait(10)
+        await wait_for(pilot, lambda: app.read_only_pid is None)
+        assert app.check_action("resume", ()) is True
+        await pilot.press("g")
+        await wait_for(pilot, lambda: bool(factory.calls))
+        assert factory.calls[0][1] == str(cut)
+        assert app.display_state() != "failed"

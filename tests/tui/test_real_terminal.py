@@ -27,11 +27,16 @@ REPO = Path(__file__).resolve().parents[2]
 class PtyApp:
     """`whale-lab` under a pty of `cols` x `rows`, its screen emulated by pyte."""
 
-    def __init__(self, args: list[str], cols: int, rows: int, cwd: Path) -> None:
+    def __init__(
+        self, args: list[str], cols: int, rows: int, cwd: Path, stdout: int | None = None
+    ) -> None:
+        """`stdout`: a file descriptor for fd 1 instead of the pty (Textual draws on fd 2), so
+        a test can tell what went to stderr."""
         import pty
 
         self.screen = pyte.Screen(cols, rows)
         self.stream = pyte.ByteStream(self.screen)
+        self.output = bytearray()  # everything written to the terminal, for what follows exit
         self.master, slave = pty.openpty()
         self._set_size(cols, rows, slave)
         env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
@@ -39,7 +44,7 @@ class PtyApp:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "whale_lab", *args],
             stdin=slave,
-            stdout=slave,
+            stdout=slave if stdout is None else stdout,
             stderr=slave,
             close_fds=True,
             env=env,
@@ -70,6 +75,7 @@ class PtyApp:
                     return
                 if not data:
                     return
+                self.output += data
                 self.stream.feed(data)
             elif left <= 0:
                 return
@@ -87,6 +93,23 @@ class PtyApp:
                 self.pump(0.2)
                 return bool(check(self.rows()))  # type: ignore[operator]
         return False
+
+    def text(self) -> str:
+        """All output as plain text, escape sequences removed (the app's frames included)."""
+        import re
+
+        raw = self.output.decode("utf-8", errors="replace")
+        return re.sub(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)|[@-_])", "", raw)
+
+    def wait_exit(self, timeout: float = 60.0) -> int:
+        """Read the terminal until the process ends, then what it wrote last; its exit code."""
+        deadline = time.monotonic() + timeout
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            self.pump(0.1)
+        code = self.proc.wait(5)
+        self.pump(0.3)  # what it printed last, after leaving the app's screen
+        os.close(self.master)
+        return code
 
     def resize(self, cols: int, rows: int) -> None:
         self.screen.resize(rows, cols)
@@ -154,6 +177,76 @@ def test_the_app_follows_a_resize(run_copy: Path) -> None:
         assert app.quit() == 0
     finally:
         app.kill()
+
+
+LIVE_CONFIG = """\
+[run]
+directory = "runs"
+seed = 3
+[model]
+path = "micro"
+[domain]
+name = "chess"
+[domain.splits]
+weight = 8
+harness = 2
+val = 4
+test = 2
+[sampling]
+k = 1
+max_new_tokens = 16
+[harness_search]
+candidates_per_iteration = 1
+smoke_tasks = 1
+[schedule]
+kind = "harness-only"
+total_harness_iterations = 1000
+[approval]
+mode = "manual"
+"""
+
+
+def test_a_clean_quit_prints_the_resume_command(tmp_path: Path) -> None:
+    """A bare `whale-lab` on a fresh folder starts the configured run; `q` (and yes) stops it
+    at a safe point, and the command that resumes it is printed once the app has left the
+    screen. (1,000 harness iterations: the run cannot finish before the quit, and a finished
+    run rightly prints no hint.)"""
+    (tmp_path / "whale.toml").write_text(LIVE_CONFIG, encoding="utf-8")
+    with open(tmp_path / "stdout.txt", "wb") as out:
+        app = PtyApp([], 100, 30, tmp_path, stdout=out.fileno())
+    try:
+        assert app.wait_for(lambda r: any("A new run" in row for row in r)), "\n".join(app.rows())
+        os.write(app.master, b"\x1b")  # close the first-run panel
+        assert app.wait_for(lambda r: "RUNNING" in "\n".join(r[:3]), timeout=120), "\n".join(
+            app.rows()
+        )
+        os.write(app.master, b"q")
+        assert app.wait_for(lambda r: any("Stop the engine" in row for row in r)), "\n".join(
+            app.rows()
+        )
+        os.write(app.master, b"y")
+        assert app.wait_exit(120) == 0, app.text()[-3000:]
+    finally:
+        app.kill()
+    runs = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
+    assert len(runs) == 1
+    hint = f"continue it with `whale-lab resume runs/{runs[0].name}`"
+    # on stderr (the terminal; stdout went to a file), and left on the screen (a long line
+    # wraps, so the emulated rows are read joined)
+    output = runs[0] / "tui-output.log"
+    why = "\n".join(
+        (
+            app.text()[-1500:],
+            "stdout: " + (tmp_path / "stdout.txt").read_text(errors="replace")[-800:],
+            "tui-output.log: "
+            + (output.read_text(errors="replace")[-800:] if output.exists() else ""),
+            "events: " + (runs[0] / "events.jsonl").read_text(errors="replace")[-800:],
+        )
+    )
+    assert hint in " ".join(app.text().split()), why
+    assert hint in "".join(app.rows()), "\n".join(app.rows())
+    assert hint not in (tmp_path / "stdout.txt").read_text(encoding="utf-8", errors="replace")
+    assert not (runs[0] / "engine.lock").exists()
 
 
 MOVE_LOG = """

@@ -126,20 +126,104 @@ def freeze_header_clock(monkeypatch: pytest.MonkeyPatch, run: Path) -> None:
     monkeypatch.setattr(render, "time", clock)
 
 
-def test_quit_confirmation(snap_compare, tmp_path, monkeypatch) -> None:
+class _Running:
+    """The engine worker as the app sees it: still running (no engine behind it)."""
+
+    state = WorkerState.RUNNING
+
+
+def engine_running(app: WhaleLabApp) -> Any:
+    """A `run_before` that shows the replayed run as a live one: the engine "running" and
+    every panel redrawn now as a live app draws it (state, rates, time left, under the frozen
+    clock), so the once-a-second header redraw, which a slow machine reaches before the
+    picture is taken, changes nothing."""
+
+    async def attach(pilot: Any) -> None:
+        app._engine_worker = _Running()  # type: ignore[assignment]
+        app.flush_now()
+        app._refresh_all()
+        await pilot.pause()
+
+    return attach
+
+
+def _quit_confirmation(snap_compare: Any, tmp_path: Path, monkeypatch: Any, size: Any) -> bool:
     run = cut_run(tmp_path, "quit", "weight_step", nth=2)
     freeze_header_clock(monkeypatch, run)
     app = app_on(run)
+    return snap_compare(app, press=["q"], terminal_size=size, run_before=engine_running(app))
 
-    class Running:  # the engine worker as the quit key sees it: still running mid-phase
-        state = WorkerState.RUNNING
 
-    async def engine_mid_phase(pilot: Any) -> None:
-        app._engine_worker = Running()  # type: ignore[assignment]
-        app.flush_now()  # the header redrawn now, not at the pace's next tick
-        await pilot.pause()
+def test_quit_confirmation(snap_compare, tmp_path, monkeypatch) -> None:
+    assert _quit_confirmation(snap_compare, tmp_path, monkeypatch, SIZE)
 
-    assert snap_compare(app, press=["q"], terminal_size=SIZE, run_before=engine_mid_phase)
+
+def test_quit_confirmation_wide(snap_compare, tmp_path, monkeypatch) -> None:
+    assert _quit_confirmation(snap_compare, tmp_path, monkeypatch, WIDE)
+
+
+START_PLAN = (
+    {"cycle": 1, "kind": "weight", "budget": 0.1, "unit": "epochs"},
+    {"cycle": 1, "kind": "harness", "budget": 6.0, "unit": "iterations"},
+    {"cycle": 2, "kind": "weight", "budget": 0.6, "unit": "epochs"},
+)
+
+
+def start_eval_run(tmp_path: Path) -> Path:
+    """A new run 48 s into its baseline evaluation: 96 of 256 val episodes done, their rows in."""
+    import json
+
+    from whale_lab.events import ActivityProgress, EpisodeFinished, RunStarted
+
+    t0 = 1_700_000_000.0
+    events: list[Any] = [
+        RunStarted(
+            run_id="20240101-000000-default",
+            domain="math",
+            model="micro",
+            schedule="whale",
+            harness="harnesses/h0.py",
+            plan=START_PLAN,
+            harness_source="harnesses/math/h0.py",
+            ts=t0,
+        ),
+        ActivityProgress(activity="eval", label="val", done=0, total=256, ts=t0 + 1),
+    ]
+    stops = ("answered", "wrong", "answered", "turn_cap")
+    for i in range(96):
+        events.append(
+            EpisodeFinished(
+                phase="eval",
+                task_id=f"math-v-{i // 8:04d}",
+                sample=i % 8,
+                turns=1 + i % 2,
+                reward=1.0 if i % 3 == 0 else 0.0,
+                stop_reason=stops[i % 4] if i % 3 else "answered",
+                tokens=60 + i % 40,
+                harness="h0",
+                trace_path="traces/eval-val.jsonl",
+                trace_line=i,
+                ts=t0 + 1 + i * 0.5,
+            )
+        )
+    events.append(
+        ActivityProgress(
+            activity="eval", label="val", done=96, total=256, tokens=7680, seconds=48.0, ts=t0 + 49
+        )
+    )
+    run = tmp_path / "start_eval"
+    run.mkdir()
+    text = "".join(json.dumps(ev.to_dict()) + "\n" for ev in events)
+    (run / "events.jsonl").write_text(text, encoding="utf-8")
+    return run
+
+
+def test_header_in_the_start_evaluation(snap_compare, tmp_path, monkeypatch) -> None:
+    """`val 96/256` with its time left and the rates, before any phase has begun."""
+    run = start_eval_run(tmp_path)
+    freeze_header_clock(monkeypatch, run)
+    app = app_on(run)
+    assert snap_compare(app, terminal_size=WIDE, run_before=engine_running(app))
 
 
 # ---------------------------------------------------------------------- the review pack
@@ -176,7 +260,7 @@ def test_paired_traces_small(snap_compare, review_run) -> None:
     )
 
 
-def test_steer_note(snap_compare, review_run) -> None:
+def _steer_note(snap_compare: Any, review_run: Path, size: Any) -> bool:
     app = app_on(review_run)
     notes = [
         SteerEntry(
@@ -202,9 +286,17 @@ def test_steer_note(snap_compare, review_run) -> None:
         )
         await pilot.pause()
 
-    assert snap_compare(
-        app, press=["t", "i", "t", "l", "e", "s"], terminal_size=WIDE, run_before=open_steer
+    return snap_compare(
+        app, press=["t", "i", "t", "l", "e", "s"], terminal_size=size, run_before=open_steer
     )
+
+
+def test_steer_note(snap_compare, review_run) -> None:
+    assert _steer_note(snap_compare, review_run, WIDE)
+
+
+def test_steer_note_small(snap_compare, review_run) -> None:
+    assert _steer_note(snap_compare, review_run, SIZE)
 
 
 # ---------------------------------------------------------------------- runs from the app

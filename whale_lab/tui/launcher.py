@@ -46,6 +46,9 @@ class RunSummary:
     status: str  # "completed" | "failed" | "stopped" | "unfinished"
     last_ts: float
     events: int
+    #: The live process that has the run open (its engine lock), if another one does: resuming
+    #: it here would fail, so the app opens it read-only instead.
+    holder: int | None = None
 
     @property
     def resumable(self) -> bool:
@@ -54,6 +57,8 @@ class RunSummary:
 
 def summarise_run(folder: Path) -> RunSummary | None:
     """What the launcher shows of one run folder; None for a folder that is not a run."""
+    from whale_lab.engine.runlock import holder
+
     path = folder / "events.jsonl"
     if not path.is_file() or not (folder / "config.json").is_file():
         return None
@@ -73,7 +78,8 @@ def summarise_run(folder: Path) -> RunSummary | None:
                 status = "unfinished"
             elif rec.get("type") == "run_finished":
                 status = str(rec.get("status") or "stopped")
-    return RunSummary(folder, run_id, domain, schedule, status, path.stat().st_mtime, n)
+    mtime = path.stat().st_mtime
+    return RunSummary(folder, run_id, domain, schedule, status, mtime, n, holder(folder))
 
 
 def find_runs(directory: Path) -> list[RunSummary]:
@@ -171,10 +177,18 @@ class StartScreen(ModalScreen["str | None"]):
             plural = "run" if self.others == 1 else "runs"
             more = f"({self.others} other {plural} in {r.path.parent})" if self.others else ""
             yield Label(Text(f"{r.events:,} events recorded in {r.path}  {more}", style="dim"))
-            with Horizontal(classes="dialog-buttons"):
-                yield Button(
-                    Text("Resume it (r)"), id="start-resume", variant="primary", compact=True
+            if r.holder is not None:
+                yield Label(
+                    Text(
+                        f"It is open in process {r.holder}: r shows it read-only, following its "
+                        "events; resume (g) becomes available once that process lets go.",
+                        style="yellow",
+                    ),
+                    id="start-held",
                 )
+            resume = "Resume it (r)" if r.holder is None else "Follow it read-only (r)"
+            with Horizontal(classes="dialog-buttons"):
+                yield Button(Text(resume), id="start-resume", variant="primary", compact=True)
                 yield Button(Text("New run (n)"), id="start-new", compact=True)
                 yield Button(Text("Quit (q)"), id="start-quit", compact=True)
 
@@ -274,6 +288,7 @@ class Launcher(_AppBase):
     run_dir: str | None
     run_root: Path | None
     replay_only: bool
+    read_only_pid: int | None
 
     if TYPE_CHECKING:
         from whale_lab.tui.state import RunView
@@ -287,6 +302,8 @@ class Launcher(_AppBase):
         def _refresh_all(self) -> None: ...
 
         def _notice(self, level: str, message: str) -> None: ...
+
+        def _open_read_only_if_held(self) -> None: ...
 
     def launch(self) -> None:
         """Start the engine, after asking what to open where `offer_runs` says to: the latest
@@ -334,6 +351,9 @@ class Launcher(_AppBase):
         self.push_screen(FirstRunScreen(first_run_text(cfg, **keys)))
 
     def _resume(self, folder: Path) -> None:
+        """Resume `folder`; one that another process holds (its engine lock) opens read-only,
+        following that process's events, as `whale-lab tui --run` does: an engine here could
+        only fail on the lock."""
         from whale_lab.tui.state import RunFolderError, load_run_events
 
         self.run_dir, self.run_root = str(folder), folder
@@ -343,5 +363,7 @@ class Launcher(_AppBase):
             self._notice("error", str(exc))
             self.notify(str(exc), severity="error", markup=False, timeout=10)
             return
+        self._open_read_only_if_held()
         self._refresh_all()
-        self.start_engine()
+        if self.read_only_pid is None:
+            self.start_engine()

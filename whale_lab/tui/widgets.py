@@ -62,8 +62,13 @@ class StatusPanel(Vertical):
         )
         self.query_one("#status-phase-label", TextView).show(render.phase_label(view))
         bar = self.query_one("#phase-progress", ProgressBar)
+        act = view.activity.activity
         if view.phase_budget > 0:
             bar.update(total=view.phase_budget, progress=min(view.phase_done, view.phase_budget))
+        elif act is not None and act.total > 0:
+            # before the first phase (the start evaluation) the bar follows the scoring the
+            # header names (`val 96/256`) rather than animating as if nothing were measured
+            bar.update(total=act.total, progress=min(act.done, act.total))
         else:
             bar.update(total=None, progress=0)
         self.query_one("#status-elapsed", TextView).show(
