@@ -24,6 +24,10 @@ from whale_lab.tui.review_pack import PairedTask, ReviewPack
 from whale_lab.tui.state import EpisodeRow, ReviewEntry, RunView, filter_label, matches_filter
 
 MAX_TABLE_ROWS = 1_000
+#: Rows the live rollouts table may grow past `MAX_TABLE_ROWS` before it is trimmed back to
+#: the newest `MAX_TABLE_ROWS`: a trim re-adds every row, so it runs once per `TABLE_SLACK`
+#: episodes rather than on every redraw once the cap is reached.
+TABLE_SLACK = 500
 
 
 class TextView(Static):
@@ -115,35 +119,41 @@ class RolloutsPanel(Vertical):
             return self._shown[idx]
         return None
 
-    def rebuild(self, view: RunView) -> None:
+    def rebuild(self, view: RunView, follow: bool = True) -> None:
+        """Redraw the table from the view: the newest `MAX_TABLE_ROWS` rows the filter keeps.
+        The cursor goes to the newest row, or with `follow` false stays on the row it was on
+        (the first row when that one was trimmed)."""
         table = self.table
+        keep = None if follow else self.selected_row()
         table.clear()
         rows = [r for r in view.episodes if matches_filter(r, self.filter)][-MAX_TABLE_ROWS:]
         self._shown = rows
-        for row in rows:
-            table.add_row(*render.episode_cells(row))
+        table.add_rows([render.episode_cells(row) for row in rows])
         self._last_index = view.episodes[-1].index if view.episodes else -1
         if rows:
-            table.move_cursor(row=len(rows) - 1, animate=False)
+            target = len(rows) - 1
+            if keep is not None:
+                target = next((i for i, r in enumerate(rows) if r.index == keep.index), 0)
+            table.move_cursor(row=target, animate=False)
         self._update_summary(view)
 
     def update_view(self, view: RunView) -> None:
-        """Append episodes that arrived since the last call (one batch per flush)."""
+        """Append episodes that arrived since the last call (one batch per flush); past the cap
+        and its slack, trim back to the newest `MAX_TABLE_ROWS`."""
         table = self.table
         follow = table.row_count == 0 or table.cursor_row >= table.row_count - 1
         new = [r for r in view.episodes if r.index > self._last_index]
         if view.episodes:
             self._last_index = view.episodes[-1].index
         added = [r for r in new if matches_filter(r, self.filter)]
-        for row in added:
-            table.add_row(*render.episode_cells(row))
-            self._shown.append(row)
-        excess = len(self._shown) - MAX_TABLE_ROWS
-        if excess > 0:
-            self.rebuild(view)
+        if len(self._shown) + len(added) > MAX_TABLE_ROWS + TABLE_SLACK:
+            self.rebuild(view, follow=follow)
             return
-        if added and follow:
-            table.move_cursor(row=table.row_count - 1, animate=False)
+        if added:
+            table.add_rows([render.episode_cells(row) for row in added])
+            self._shown.extend(added)
+            if follow:
+                table.move_cursor(row=table.row_count - 1, animate=False)
         self._update_summary(view)
 
     def _update_summary(self, view: RunView) -> None:
