@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.style import Style
 from rich.syntax import Syntax
 from rich.text import Text
 from textual.app import ComposeResult
+from textual.cache import LRUCache
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import (
     Button,
@@ -81,6 +83,55 @@ class StatusPanel(Vertical):
         self.query_one("#status-accounting", TextView).show(render.accounting_line(view))
 
 
+class RolloutsTable(DataTable[Text]):
+    """The live rollouts table: a DataTable whose rendered cells survive appends.
+
+    DataTable keys its cell cache on a counter every `add_row` bumps, so each redraw while
+    episodes stream in re-renders every visible cell. Rows here are only ever appended (a
+    trim clears and re-adds), so a cell's look depends only on its row, column, position
+    and width: those key a second cache that appends leave alone. Anything that clears
+    DataTable's caches (clear, styles, theme) clears this one too, so row keys, which hash
+    by identity, are never reused across it."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._kept_cells: LRUCache[tuple[object, ...], Any] = LRUCache(4000)
+
+    def _clear_caches(self) -> None:
+        super()._clear_caches()
+        if hasattr(self, "_kept_cells"):
+            self._kept_cells.clear()
+
+    def _render_cell(
+        self,
+        row_index: int,
+        column_index: int,
+        base_style: Style,
+        width: int,
+        cursor: bool = False,
+        hover: bool = False,
+    ) -> Any:
+        if row_index < 0 or column_index < 0:  # header and labels: DataTable's own cache
+            return super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
+        key = (
+            self._row_locations.get_key(row_index),
+            row_index,
+            column_index,
+            base_style,
+            width,
+            cursor,
+            hover,
+            self.show_cursor,
+            self._show_hover_cursor,
+            self._pseudo_class_state,
+        )
+        lines = self._kept_cells.get(key)
+        if lines is None:
+            lines = super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
+            self._kept_cells[key] = lines
+        return lines
+
+
 class RolloutsPanel(Vertical):
     """Finished episodes, newest at the bottom, coloured by outcome and filterable."""
 
@@ -92,9 +143,7 @@ class RolloutsPanel(Vertical):
 
     def compose(self) -> ComposeResult:
         yield TextView(id="rollouts-summary")
-        table: DataTable[Text] = DataTable(
-            id="rollouts-table", cursor_type="row", zebra_stripes=True
-        )
+        table = RolloutsTable(id="rollouts-table", cursor_type="row", zebra_stripes=True)
         table.add_columns(*render.EPISODE_COLUMNS)
         yield table
 
