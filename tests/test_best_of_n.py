@@ -110,12 +110,19 @@ def test_a_spent_catalogue_stacks_on_an_earlier_draw_and_says_when_short(tmp_pat
     assert h0("search") != archive.code(archive.ids()[-1])
 
 
-@pytest.mark.parametrize(("name", "proposals"), [("compare.toml", 6), ("compare-12.toml", 12)])
+@pytest.mark.parametrize(
+    ("name", "proposals"), [("compare.toml", 6), ("compare-12.toml", 12), ("compare-h64.toml", 6)]
+)
 def test_the_shipped_comparisons_give_every_harness_schedule_the_same_proposals(
     name: str, proposals: int
 ) -> None:
     path = Path(__file__).resolve().parents[1] / "docs" / "results" / name
     cfg = load_config(str(path), [])
+    if name == "compare-h64.toml":  # the 6-proposal comparison with more harness tasks, only
+        base = load_config(str(path.with_name("compare.toml")), [])
+        assert cfg.domain.splits.harness == 64 and base.domain.splits.harness == 16
+        assert dataclasses.replace(cfg.domain.splits, harness=16) == base.domain.splits
+        assert cfg.schedule == base.schedule and cfg.sampling == base.sampling
     m = cfg.harness_search.candidates_per_iteration
     budgets = {k: proposal_budget(dataclasses.replace(cfg.schedule, kind=k), m) for k in SCHEDULES}
     assert budgets["weight-only"] == 0
