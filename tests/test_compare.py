@@ -180,3 +180,31 @@ def test_best_of_n_runs_beside_harness_only_with_the_same_proposals(tmp_path: Pa
     paired = json.loads((out / "paired.json").read_text(encoding="utf-8"))
     pairs = [(p["schedule"], p["baseline"]) for p in paired["pairs"]]
     assert pairs == [("best-of-n", "harness-only")]  # one direction per pair of schedules
+
+
+def test_a_comparison_split_over_processes_keeps_one_task_set(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--seeds 1` alone draws its tasks with split seed 1, the first of its seeds: run into a
+    folder that holds seed 0's runs (split seed 0), its runs would be pooled with theirs as if
+    they shared tasks. It is refused with the fix; with the split seed fixed it runs, and the
+    runs share their tasks."""
+    cfg = short_config(tmp_path)
+    out = tmp_path / "cmp"
+    assert run_compare(cfg, ["weight-only"], [0], out) == EXIT_OK
+    capsys.readouterr()
+    assert run_compare(cfg, ["weight-only"], [1], out) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "weight-only-seed0 drew its tasks with domain.split_seed 0" in err
+    assert "--set domain.split_seed=0" in err and len(err.strip().splitlines()) == 1
+    assert not (out / "weight-only-seed1").exists()
+    fixed = short_config(tmp_path, "domain.split_seed=0")
+    assert run_compare(fixed, ["weight-only"], [1], out) == EXIT_OK
+    tasks = [
+        {json.loads(line)["task_id"] for line in (out / run / "traces" / "eval-test.jsonl").open()}
+        for run in ("weight-only-seed0", "weight-only-seed1")
+    ]
+    assert tasks[0] == tasks[1]
+    # the whole comparison over both seeds now finds both runs completed and reports them
+    assert run_compare(cfg, ["weight-only"], [0, 1], out) == EXIT_OK
+    assert "| weight-only | 2 |" in (out / "summary.md").read_text(encoding="utf-8")

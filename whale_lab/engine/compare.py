@@ -76,6 +76,24 @@ def run_config(
     return out
 
 
+def _check_one_task_set(out: Path, split_seed: int) -> None:
+    """Every run already in `out` must have drawn its tasks with `split_seed`: the report pairs
+    the runs task by task, and runs on other splits would be pooled as if they shared tasks.
+    (`--seeds 1` alone draws with split seed 1, the first of its seeds: a comparison run one
+    seed per process must fix `domain.split_seed`.)"""
+    for folder in sorted(p for p in out.iterdir() if (p / "config.json").is_file()):
+        config = read_json(folder / "config.json", {}) or {}
+        domain = config.get("domain") if isinstance(config, dict) else None
+        theirs = domain.get("split_seed") if isinstance(domain, dict) else None
+        if isinstance(theirs, int) and theirs >= 0 and theirs != split_seed:
+            raise CompareError(
+                f"compare: {folder} drew its tasks with domain.split_seed {theirs}, this "
+                f"comparison with {split_seed} (domain.split_seed, else the first of --seeds); "
+                f"paired runs need one task set: add --set domain.split_seed={theirs}, or use "
+                "another --out"
+            )
+
+
 def _completed(folder: Path) -> bool:
     state = read_json(folder / "state.json", {}) or {}
     return state.get("status") == "completed"
@@ -127,6 +145,8 @@ def compare_runs(
     if out.exists() and not out.is_dir():
         raise CompareError(f"compare: {out} exists and is not a folder")
     out.mkdir(parents=True, exist_ok=True)
+    if fixed is not None:
+        _check_one_task_set(out, fixed)
     folders: list[Path] = []
     failed: list[str] = []
     total = len(schedules) * len(seeds)
