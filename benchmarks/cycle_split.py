@@ -14,16 +14,19 @@ nested inside it:
     other             the rest of the wall time (model load, start-up, bookkeeping)
 
 `tools` is the time spent stepping environments (tool calls, answer checks) inside the rollouts
-of all the rows above, shown as its own share. Wall seconds and CPU seconds (this process plus its
-finished children: the sandboxed tools and the harness host) are both reported; on a shared
-machine CPU seconds are the steadier figure. The run's events give the rollout counts beside.
+of all the rows above, shown as its own share. Wall seconds and CPU seconds (this process and
+every process below it: the sandboxed tool workers and harness hosts, read from /proc while they
+live and just before they are stopped, `tree_cpu.py`) are both reported; on a shared machine CPU
+seconds are the steadier figure. The run's events give the rollout counts beside.
 
     python benchmarks/cycle_split.py                         # one default cycle
     python benchmarks/cycle_split.py --set rsft.eval_every=0.5 --set domain.splits.val=24
     python benchmarks/cycle_split.py --set schedule.weight_epochs=0.1 --json   # a quick look
 
 `--app` times the same cycle headless and in the app, arms alternated over `--rounds` rounds in
-this one process (headless first in odd rounds, the app first in even ones). The app arm is
+this one process (headless first in odd rounds, the app first in even ones), after `--warmup`
+untimed rounds of both arms (default 1: the first cycle in a process pays imports, the model's
+first load and the sandbox's first start, which a later one does not). The app arm is
 `WhaleLabApp` driven by Textual's `App.run_test` at 120x40: the engine in the app's worker thread,
 the UI on this thread redrawing as it would for a person (headless Textual draws the same
 frames, it only does not write them to a terminal). It prints each arm's split (median over the
@@ -55,10 +58,13 @@ sys.path.insert(0, str(REPO))
 ROWS = ("weight rollouts", "SFT", "harness", "proposer", "evaluation", "other")
 
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tree_cpu  # noqa: E402  (benchmarks/ is not a package)
+
+
 def _clock() -> tuple[float, float]:
-    """(wall seconds, CPU seconds of this process and its waited-for children)."""
-    t = os.times()
-    return time.perf_counter(), t.user + t.system + t.children_user + t.children_system
+    """(wall seconds, CPU seconds of this process and every process below it)."""
+    return time.perf_counter(), tree_cpu.seconds()
 
 
 class Timers:
@@ -117,6 +123,7 @@ def _instrument(timers: Timers) -> None:
     from whale_lab.search.meta_harness import HarnessPhase
     from whale_lab.weights.rsft import RsftPhase
 
+    tree_cpu.track_departures()
     timers.wrap(RsftPhase, "_step", "weight rollouts")
     timers.wrap(RsftPhase, "update", "SFT")
     timers.wrap(RsftPhase, "_evaluate", "evaluation")
@@ -326,10 +333,16 @@ def _median_result(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def compare_arms(overrides: list[str], rounds: int, folder: Path,
-                 profile_path: str | None) -> dict[str, Any]:
-    """Headless and app arms alternated over `rounds`; per-round app/headless ratios."""
+                 profile_path: str | None, warmup: int = 1) -> dict[str, Any]:
+    """Headless and app arms alternated over `rounds` (after `warmup` untimed rounds of both);
+    per-round app/headless ratios."""
     import cProfile
 
+    for i in range(warmup):
+        for arm in ("headless", "app"):
+            sub = folder / f"warmup-{i}-{arm}"
+            sub.mkdir(parents=True)
+            run_cycle(overrides, sub, app=arm == "app")
     profile = cProfile.Profile() if profile_path else None
     arms: dict[str, list[dict[str, Any]]] = {"headless": [], "app": []}
     for i in range(rounds):
@@ -346,6 +359,8 @@ def compare_arms(overrides: list[str], rounds: int, folder: Path,
     }
     return {
         "rounds": rounds,
+        "warmup_rounds": warmup,
+        "cpu_counts_sandboxed": tree_cpu.read().exact,
         "headless": _median_result(arms["headless"]),
         "app": _median_result(arms["app"]),
         "ratio_cpu": ratios["cpu"],
@@ -364,11 +379,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--app", action="store_true",
                         help="time the cycle headless and in the app, arms alternated")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of both arms (--app)")
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="untimed rounds of both arms before the timed ones (--app)")
     parser.add_argument("--profile-ui", default=None, metavar="FILE",
                         help="cProfile of the UI thread over the app arms (--app)")
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
+    if args.warmup < 0:
+        parser.error("--warmup must be at least 0")
     try:
         from whale_lab.threads import configure
     except ImportError:  # a checkout from before whale-lab chose its threads
@@ -378,7 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     folder = Path(tempfile.mkdtemp(prefix="whale-cycle-"))
     try:
         if args.app:
-            result = compare_arms(args.overrides, args.rounds, folder, args.profile_ui)
+            result = compare_arms(args.overrides, args.rounds, folder, args.profile_ui,
+                                  args.warmup)
         else:
             result = run_cycle(args.overrides, folder)
     finally:
@@ -394,7 +414,8 @@ def main(argv: list[str] | None = None) -> int:
             _print(result[arm])
         ui, cpu = result["app"]["ui_thread_cpu_s"], result["app"]["cpu_s"]
         print(f"UI thread: {ui:.1f} CPU s of the app arm's {cpu:.1f} (median)")
-        print(f"app/headless throughput over {result['rounds']} rounds (target >= 0.95):")
+        print(f"app/headless throughput over {result['rounds']} rounds after "
+              f"{result['warmup_rounds']} untimed (target >= 0.95):")
         print(f"  CPU seconds   {_stats(result['ratio_cpu'])}")
         print(f"  wall seconds  {_stats(result['ratio_wall'])}")
     else:

@@ -12,9 +12,13 @@ Every arm generates for the same turn prompts, so the ratios compare like with l
     so `engine_vs_no_prefix_cache` says what keeping an episode's cache between its turns is worth.
 Every arm starts with no rows kept from an earlier one.
 
-Each arm is warmed first, then the arms alternate over `--rounds` rounds. Time is CPU seconds of
-this process and its children (`os.times`), the only figure stable on a shared machine; ratios are
-the median of the per-round ratios (min and max beside it).
+Each arm is warmed first, then the arms run over `--rounds` rounds, in an order that rotates from
+round to round (so no arm always follows the same one). Every arm replays the turn prompts of one
+engine run made before the rounds; the engine's own rounds draw the same episodes (prompts are
+seeded by episode), which `engine_same_tokens` confirms. Time is CPU seconds of this process and
+everything below it, the sandboxed tool workers and harness host included (`tree_cpu.py`: live
+processes read from /proc, stopped ones just before they stop), the only figure stable on a
+shared machine; ratios are the median of the per-round ratios (min and max beside it).
 
     OMP_NUM_THREADS=1 python benchmarks/rollout_throughput.py --domain math --tasks 16 --k 8
 
@@ -29,10 +33,12 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -48,15 +54,18 @@ from whale_lab.harness import HarnessHost
 from whale_lab.quiet import quiet_libraries
 from whale_lab.trace import EpisodeTrace
 
-
-def cpu_now() -> tuple[float, float]:
-    """(this process, reaped children) CPU seconds."""
-    t = os.times()
-    return t.user + t.system, t.children_user + t.children_system
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tree_cpu  # noqa: E402  (benchmarks/ is not a package)
 
 
 def cpu_total() -> float:
-    return sum(cpu_now())
+    """CPU seconds so far of this process and every process below it."""
+    return tree_cpu.seconds()
+
+
+def own_cpu() -> float:
+    t = os.times()
+    return t.user + t.system
 
 
 @dataclass
@@ -64,11 +73,10 @@ class Split:
     """Where the engine arm's CPU went, besides generation."""
 
     tool_self: float = 0.0  # environment steps (tools included), in this process
-    tool_children: float = 0.0  # tool processes reaped during the steps
     host_self: float = 0.0  # render/parse round trips, this side
 
     def reset(self) -> None:
-        self.tool_self = self.tool_children = self.host_self = 0.0
+        self.tool_self = self.host_self = 0.0
 
 
 SPLIT = Split()
@@ -76,24 +84,27 @@ _LOCK = threading.Lock()
 
 
 @contextmanager
-def _timed(add: Callable[[float, float], None]) -> Iterator[None]:
-    s0, c0 = cpu_now()
+def _timed(add: Callable[[float], None]) -> Iterator[None]:
+    s0 = own_cpu()
     try:
         yield
     finally:
-        s1, c1 = cpu_now()
+        s1 = own_cpu()
         with _LOCK:
-            add(s1 - s0, c1 - c0)
+            add(s1 - s0)
 
 
 def _instrument() -> None:
-    """Count environment steps and harness round trips (module attributes, read at call time)."""
+    """Count environment steps and harness round trips (module attributes, read at call time).
+
+    This side's CPU only: the tool workers' and harness host's own CPU is read per process kind
+    (`tree_cpu`)."""
+    tree_cpu.track_departures()
     step_all = rollout._step_all
 
     def timed_steps(pairs: list[Any]) -> list[Any]:
-        def add(s: float, c: float) -> None:
+        def add(s: float) -> None:
             SPLIT.tool_self += s
-            SPLIT.tool_children += c
 
         with _timed(add):
             return step_all(pairs)
@@ -103,7 +114,7 @@ def _instrument() -> None:
         method = getattr(HarnessHost, name)
 
         def wrapped(self: HarnessHost, requests: Any, _m: Any = method) -> Any:
-            def add(s: float, c: float) -> None:
+            def add(s: float) -> None:
                 SPLIT.host_self += s
 
             with _timed(add):
@@ -290,68 +301,84 @@ def main() -> None:
         ],
     )
 
+    # One engine run fixes the turn prompts every other arm replays (the engine's rounds draw
+    # the same episodes: prompts are seeded by episode).
+    backend.prefix_cache.clear()
+    reference = run_engine(cfg, domain, backend, tasks, args.k, params)
+    tokens = sum(t.completion_tokens for t in reference)
+    episodes, turns = len(reference), sum(t.n_turns for t in reference)
+    calls = turn_calls(reference)
+    ids = [[(backend.encode_chat(m), n) for m, n in rows] for rows in calls]
+    stride = max(1, len(reference) // max(1, args.loop_episodes))
+    subset = reference[::stride][: args.loop_episodes]
+    loop_eps = [
+        [(backend.encode_chat(t.prompt), t.completion_tokens) for t in tr.turns] for tr in subset
+    ]
+    loop_tokens = sum(t.completion_tokens for t in subset)
+
     rounds: list[dict[str, float]] = []
     slot_use: list[float] = []
     fill: list[float] = []
     shares: list[tuple[float, float]] = []
     reused: list[float] = []  # share of the engine's prompt tokens taken from kept rows
-    tokens = episodes = turns = 0
-    same_tokens = True
-    for _ in range(args.rounds):
+    same_tokens = engine_same_tokens = True
+
+    def arm_engine(out: dict[str, float]) -> None:
+        nonlocal engine_same_tokens
         SPLIT.reset()
         backend.decode_stats.reset()
-        backend.prefix_cache.clear()  # every arm starts cold: no rows kept from the last arm
         backend.prefix_cache.stats.reset()
-        c0 = cpu_now()
+        c0 = tree_cpu.read()
         traces = run_engine(cfg, domain, backend, tasks, args.k, params)
-        c1 = cpu_now()
+        c1 = tree_cpu.read()
         reused.append(
             backend.prefix_cache.stats.reused_tokens
             / max(1, sum(t.prompt_tokens for tr in traces for t in tr.turns))
         )
-        engine_s = sum(c1) - sum(c0)
+        engine_s = c1.total - c0.total
         slot_use.append(backend.decode_stats.slot_use)
         fill.append(backend.decode_stats.fill)
-        host_children = (c1[1] - c0[1]) - SPLIT.tool_children
         shares.append(
             (
-                (SPLIT.tool_self + SPLIT.tool_children) / engine_s,
-                (SPLIT.host_self + host_children) / engine_s,
+                (SPLIT.tool_self + c1.kind("tool") - c0.kind("tool")) / engine_s,
+                (SPLIT.host_self + c1.kind("host") - c0.kind("host")) / engine_s,
             )
         )
-        tokens = sum(t.completion_tokens for t in traces)
-        episodes, turns = len(traces), sum(t.n_turns for t in traces)
-        calls = turn_calls(traces)
-        ids = [[(backend.encode_chat(m), n) for m, n in rows] for rows in calls]
-        stride = max(1, len(traces) // max(1, args.loop_episodes))
-        subset = traces[::stride][: args.loop_episodes]
-        loop_eps = [
-            [(backend.encode_chat(t.prompt), t.completion_tokens) for t in tr.turns]
-            for tr in subset
-        ]
-        loop_tokens = sum(t.completion_tokens for t in subset)
+        got = sum(t.completion_tokens for t in traces)
+        engine_same_tokens = engine_same_tokens and got == tokens
+        out["engine"] = got / engine_s
 
+    def arm_upper(out: dict[str, float]) -> None:
         t0 = cpu_total()
         run_upper(backend, cfg, ids)
-        upper_s = cpu_total() - t0
-        backend.prefix_cache.clear()
+        out["upper"] = tokens / (cpu_total() - t0)
+
+    def arm_upper_cb(out: dict[str, float]) -> None:
+        nonlocal same_tokens
         t0 = cpu_total()
         cb_tokens = run_upper_cb(backend, calls, params, harness_stop)
-        upper_cb_s = cpu_total() - t0
+        out["upper_cb"] = cb_tokens / (cpu_total() - t0)
         same_tokens = same_tokens and cb_tokens == tokens
+
+    def arm_loop(out: dict[str, float]) -> None:
         t0 = cpu_total()
         run_loop(backend, cfg, loop_eps)
-        loop_s = cpu_total() - t0
+        out["loop"] = loop_tokens / max(cpu_total() - t0, 1e-9)
+
+    def arm_engine_cold(out: dict[str, float]) -> None:
         cold_tokens, cold_s = engine_without_kept_rows(cfg, domain, backend, tasks, args.k, params)
-        rounds.append(
-            {
-                "engine": tokens / engine_s,
-                "upper": tokens / upper_s,
-                "upper_cb": cb_tokens / upper_cb_s,
-                "loop": loop_tokens / max(loop_s, 1e-9),
-                "engine_cold": cold_tokens / max(cold_s, 1e-9) if cold_s else 0.0,
-            }
-        )
+        out["engine_cold"] = cold_tokens / max(cold_s, 1e-9) if cold_s else 0.0
+
+    arms = [arm_engine, arm_upper, arm_upper_cb, arm_loop, arm_engine_cold]
+    orders: list[list[str]] = []
+    for r in range(args.rounds):
+        out: dict[str, float] = {}
+        order = arms[r % len(arms) :] + arms[: r % len(arms)]
+        orders.append([a.__name__.removeprefix("arm_") for a in order])
+        for arm in order:
+            backend.prefix_cache.clear()  # every arm starts cold: no rows kept from the last arm
+            arm(out)
+        rounds.append(out)
 
     def med(key: str) -> float:
         return statistics.median(r[key] for r in rounds)
@@ -380,6 +407,9 @@ def main() -> None:
         "engine_vs_upper_cb_range": ratio_stats(vs_cb),
         "engine_vs_loop_range": ratio_stats(vs_loop),
         "upper_cb_same_tokens": same_tokens,
+        "engine_same_tokens": engine_same_tokens,
+        "arm_orders": orders,
+        "cpu_counts_sandboxed": tree_cpu.read().exact,
         "domain": args.domain,
         "model": cfg.model.path,
         "tasks": len(tasks),
