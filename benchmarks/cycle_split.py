@@ -236,9 +236,11 @@ def _app_cycle(cfg: Any, root: Path, ends: list[Any], profile: Any) -> tuple[Any
     app = WhaleLabApp(cfg, engine_factory=factory)
 
     async def drive() -> None:
-        async with app.run_test(size=(120, 40)) as pilot:
+        # Poll with a plain sleep: `pilot.pause` waits for every widget to drain its queue
+        # (a callback posted to each), UI work a person's app never does.
+        async with app.run_test(size=(120, 40)):
             while not app._engine_started or app.engine_running:
-                await pilot.pause(0.2)
+                await asyncio.sleep(0.5)
             if app.engine_error:
                 raise RuntimeError(f"the engine failed in the app: {app.engine_error}")
 

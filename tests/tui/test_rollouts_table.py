@@ -58,3 +58,77 @@ async def test_trim_with_slack_keeps_a_moved_cursor(monkeypatch) -> None:
         ]
         drawn = "\n".join(line.text for line in table.render_lines(table.region.reset_offset))
         assert " t7 " in drawn and " t16 " in drawn and " t6 " not in drawn
+
+
+
+class TableApp(App[None]):
+    def compose(self) -> ComposeResult:
+        from whale_lab.tui import render
+
+        table = RolloutsTable(id="kept", cursor_type="row", zebra_stripes=True)
+        table.add_columns(*render.EPISODE_COLUMNS)
+        table.styles.height = 12
+        yield table
+
+
+async def test_kept_lines_draw_what_a_fresh_render_draws_as_rows_stream_in() -> None:
+    """Appends with the cursor following the newest row, a cursor moved up, focus lost and
+    back, a wider cell: after each, every visible line drawn through the kept lines equals the
+    same line drawn with every cache emptied."""
+    from whale_lab.tui import render
+
+    view = RunView()
+    view.apply(RunStarted(run_id="r", domain="math", model="m", schedule="whale", harness="h0"))
+    app = TableApp()
+    async with app.run_test(size=(110, 30)) as pilot:
+        table = app.query_one("#kept", RolloutsTable)
+        table.focus()
+        hits = 0
+
+        def lines() -> list[str]:
+            return [
+                "".join(f"{seg.text}|{seg.style}" for seg in strip)
+                for strip in table.render_lines(table.region.reset_offset)
+            ]
+
+        async def same() -> None:
+            nonlocal hits
+            await pilot.pause()
+            before = len(table._kept_lines)
+            drawn = lines()
+            hits += before > 0 and len(table._kept_lines) == before  # every line came kept
+            table._clear_caches()
+            assert drawn == lines()
+
+        async def append(episodes: list[EpisodeFinished], follow: bool = True) -> None:
+            for ep in episodes:
+                view.apply(ep)
+                table.add_row(*render.episode_cells(view.episodes[-1]))
+            if follow:
+                table.move_cursor(row=table.row_count - 1, animate=False)
+            await pilot.pause()
+            lines()  # the redraw after the append fills the kept lines
+            table.add_row(*render.episode_cells(view.episodes[-1]))  # one more: a new count
+            await same()
+
+        for start in range(0, 30, 3):
+            await append([_episode(i) for i in range(start, start + 3)])
+        table.move_cursor(row=20, animate=False)
+        await same()
+        await append([_episode(i) for i in range(30, 34)], follow=False)
+        table.move_cursor(row=table.row_count - 1, animate=False)
+        await same()
+        app.set_focus(None)
+        await same()
+        table.focus()
+        await same()
+        wide = EpisodeFinished(
+            phase="weight",
+            task_id="a-task-id-much-wider-than-the-others",
+            sample=0,
+            turns=1,
+            reward=1.0,
+            stop_reason="answered",
+        )
+        await append([wide])
+        assert hits > 0  # lines were drawn from the kept cache, not around it

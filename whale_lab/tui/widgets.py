@@ -10,6 +10,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.cache import LRUCache
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.strip import Strip
 from textual.widgets import (
     Button,
     DataTable,
@@ -86,21 +87,55 @@ class StatusPanel(Vertical):
 class RolloutsTable(DataTable[Text]):
     """The live rollouts table: a DataTable whose rendered cells survive appends.
 
-    DataTable keys its cell cache on a counter every `add_row` bumps, so each redraw while
-    episodes stream in re-renders every visible cell. Rows here are only ever appended (a
-    trim clears and re-adds), so a cell's look depends only on its row, column, position
-    and width: those key a second cache that appends leave alone. Anything that clears
-    DataTable's caches (clear, styles, theme) clears this one too, so row keys, which hash
-    by identity, are never reused across it."""
+    DataTable keys its cell and line caches on a counter every `add_row` bumps, and its line
+    cache on the cursor's position too, so each redraw while episodes stream in (the cursor
+    following the newest row) re-renders every visible line. Rows here are only ever appended
+    (a trim clears and re-adds), so a cell's look depends only on its row, column, position
+    and width, and a line's on its row, the column widths and whether the cursor or the hover
+    is on that row: those key second caches that appends leave alone. Anything that clears
+    DataTable's caches (clear, styles, theme) clears these too, so row keys, which hash by
+    identity, are never reused across them."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._kept_cells: LRUCache[tuple[object, ...], Any] = LRUCache(4000)
+        self._kept_lines: LRUCache[tuple[object, ...], Strip] = LRUCache(1000)
 
     def _clear_caches(self) -> None:
         super()._clear_caches()
         if hasattr(self, "_kept_cells"):
             self._kept_cells.clear()
+            self._kept_lines.clear()
+
+    def _render_line(self, y: int, x1: int, x2: int, base_style: Style) -> Strip:
+        if self.cursor_type != "row" or self.fixed_columns or self._labelled_row_exists:
+            return super()._render_line(y, x1, x2, base_style)  # not this table's shape
+        try:
+            row_key, line_no = self._get_offsets(y)
+        except LookupError:
+            return super()._render_line(y, x1, x2, base_style)
+        found = self._row_locations.get(row_key)
+        row_index = -1 if found is None else found  # -1: the header
+        key = (
+            row_key,
+            row_index,
+            line_no,
+            x1,
+            x2,
+            self.size.width,
+            base_style,
+            self.show_cursor,
+            self.cursor_coordinate.row == row_index,
+            self.hover_coordinate.row == row_index,
+            self._show_hover_cursor,
+            self._pseudo_class_state,
+            tuple(column.get_render_width(self) for column in self.ordered_columns),
+        )
+        strip = self._kept_lines.get(key)
+        if strip is None:
+            strip = super()._render_line(y, x1, x2, base_style)
+            self._kept_lines[key] = strip
+        return strip
 
     def _render_cell(
         self,
