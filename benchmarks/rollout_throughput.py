@@ -7,7 +7,8 @@ Every arm generates for the same turn prompts, so the ratios compare like with l
 (b') upper_cb: the same turn prompts through the backend's continuous batching with no harness,
     environment or tools (the same calls the engine makes, so the same completions);
 (c) loop: what a research script typically does: one `generate` per episode and turn, on episodes
-    spread over every task;
+    spread over every task, each episode's environment stepped with its turns' actions (the
+    model's tool code run in the same sandboxed workers, answers checked);
 (a') engine_cold: the engine again with no rows kept between turns (`model.hf.prefix_cache_mb = 0`),
     so `engine_vs_no_prefix_cache` says what keeping an episode's cache between its turns is worth.
 Every arm starts with no rows kept from an earlier one.
@@ -48,7 +49,7 @@ from whale_lab.backends.base import SamplingParams
 from whale_lab.backends.hf import HFBackend
 from whale_lab.config import Config, load_config
 from whale_lab.domains import make_domain
-from whale_lab.domains.base import Domain, Task
+from whale_lab.domains.base import Action, Domain, Task
 from whale_lab.evaluate import default_harness_path, sampling_params, score_harness
 from whale_lab.harness import HarnessHost
 from whale_lab.quiet import quiet_libraries
@@ -202,10 +203,26 @@ def run_upper_cb(
     )
 
 
-def run_loop(backend: HFBackend, cfg: Config, episodes: list[list[tuple[list[int], int]]]) -> None:
-    for turns in episodes:
-        for prompt, n in turns:
+LoopTurn = tuple[list[int], int, dict[str, Any] | None]  # prompt ids, tokens, action
+
+
+def run_loop(
+    backend: HFBackend,
+    cfg: Config,
+    domain: Domain,
+    episodes: list[tuple[Task, list[LoopTurn]]],
+) -> None:
+    """One episode at a time, one generate per turn, and the episode's own environment stepped
+    with each turn's action (the model's tool code run, the answer checked), as a research
+    script does: the tool work is the engine's, so the ratio compares what is around it."""
+    for task, turns in episodes:
+        env = domain.make_env(task)
+        env.initial_observation()
+        for prompt, n, action in turns:
             plain_generate(backend, cfg, [prompt], max(1, n))
+            if action is not None and action.get("kind") != "invalid":
+                env.step(Action(**action))
+        env.final_info()
 
 
 def engine_without_kept_rows(
@@ -292,14 +309,18 @@ def main() -> None:
     warm_ids = [[(backend.encode_chat(m), n) for m, n in rows] for rows in warm_calls]
     run_upper(backend, cfg, warm_ids)
     run_upper_cb(backend, warm_calls, params, harness_stop)
-    run_loop(
-        backend,
-        cfg,
-        [
-            [(backend.encode_chat(t.prompt), t.completion_tokens) for t in tr.turns]
-            for tr in warm[:2]
-        ],
-    )
+    by_id = {str(t.id): t for t in tasks}
+
+    def loop_episodes(traces: list[EpisodeTrace]) -> list[tuple[Task, list[LoopTurn]]]:
+        return [
+            (
+                by_id[str(tr.task_id)],
+                [(backend.encode_chat(t.prompt), t.completion_tokens, t.action) for t in tr.turns],
+            )
+            for tr in traces
+        ]
+
+    run_loop(backend, cfg, domain, loop_episodes(warm[:2]))
 
     # One engine run fixes the turn prompts every other arm replays (the engine's rounds draw
     # the same episodes: prompts are seeded by episode).
@@ -311,9 +332,7 @@ def main() -> None:
     ids = [[(backend.encode_chat(m), n) for m, n in rows] for rows in calls]
     stride = max(1, len(reference) // max(1, args.loop_episodes))
     subset = reference[::stride][: args.loop_episodes]
-    loop_eps = [
-        [(backend.encode_chat(t.prompt), t.completion_tokens) for t in tr.turns] for tr in subset
-    ]
+    loop_eps = loop_episodes(subset)
     loop_tokens = sum(t.completion_tokens for t in subset)
 
     rounds: list[dict[str, float]] = []
@@ -362,7 +381,7 @@ def main() -> None:
 
     def arm_loop(out: dict[str, float]) -> None:
         t0 = cpu_total()
-        run_loop(backend, cfg, loop_eps)
+        run_loop(backend, cfg, domain, loop_eps)
         out["loop"] = loop_tokens / max(cpu_total() - t0, 1e-9)
 
     def arm_engine_cold(out: dict[str, float]) -> None:

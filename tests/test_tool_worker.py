@@ -107,6 +107,11 @@ SNIPPETS = [
     "block = bytearray(2 * 1024 ** 3)\nprint(len(block))",
     "import os\nos.write(1, b'raw\\n')\nprint('buffered')",
     "print(__name__, __file__ if '__file__' in dir() else None)\nimport sys\nprint(sys.argv)",
+    # the snippet prints its own traceback: its source lines show, as on the cold path
+    "import traceback\ntry:\n    1 / 0\nexcept ZeroDivisionError:\n    traceback.print_exc()\n"
+    "print('after')",
+    "import linecache\nprint(repr(linecache.getline('<python>', 1)))",
+    "import threading\nprint(threading.active_count(), threading.current_thread().name)",
 ]
 
 

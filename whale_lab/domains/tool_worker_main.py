@@ -19,22 +19,27 @@ A snippet runs as `__main__` in a new globals dict, with the builtins restored t
 at start and fresh standard streams; what it imports or changes elsewhere in the interpreter
 stays until the engine replaces the worker, which it does between episodes. When the engine goes
 away the request pipe reads end-of-file and the worker ends at once, even in mid-snippet.
+
+A worker starts per episode, so its start-up is paid per episode: it imports only modules built
+into the interpreter or already loaded at start (`_thread` and `_queue`, not `threading` and
+`queue`), and `traceback` and `linecache` (with `re`, `tokenize` and the rest they pull in:
+two thirds of a bare start's CPU again) only when they are needed: when a snippet's exception
+is printed, or when the snippet imports them itself (`_SnippetSource` then gives linecache the
+snippet's source, as the cold path's has).
 """
 
 from __future__ import annotations
 
+import _queue
+import _thread
 import atexit
 import builtins
 import errno
 import gc
 import io
-import linecache
 import os
-import queue
 import resource
 import sys
-import threading
-import traceback
 
 NAME = "<python>"
 
@@ -47,9 +52,61 @@ _getrusage, _setrlimit = resource.getrusage, resource.setrlimit
 _FileIO, _BufferedWriter, _BufferedReader, _TextIOWrapper = (
     io.FileIO, io.BufferedWriter, io.BufferedReader, io.TextIOWrapper
 )
-_enumerate_threads, _run_exitfuncs, _collect = threading.enumerate, atexit._run_exitfuncs, gc.collect
-_print_exception = traceback.print_exception
+_run_exitfuncs, _collect = atexit._run_exitfuncs, gc.collect
+_start_thread, _SimpleQueue = _thread.start_new_thread, _queue.SimpleQueue
+_modules = sys.modules
 _BUILTINS = builtins.__dict__
+
+
+class _SnippetSource:
+    """Puts the running snippet's source into linecache however linecache comes to be loaded.
+
+    A meta-path entry that only watches for `linecache`: the import itself is left to the
+    finders after it, and once the module has run, the source is added to its cache (so that
+    `traceback.print_exc()` in a snippet shows the snippet's lines, as on the cold path).
+    """
+
+    source = ""
+
+    @classmethod
+    def find_spec(cls, name: str, path: object = None, target: object = None) -> object:
+        if name != "linecache":
+            return None
+        for finder in sys.meta_path:
+            if finder is cls or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _SeedingLoader(spec.loader)
+                return spec
+        return None
+
+    @classmethod
+    def seed(cls, module: object) -> None:
+        src = cls.source
+        cache = getattr(module, "cache", None)
+        if src and isinstance(cache, dict):
+            cache[NAME] = (len(src), None, src.splitlines(True), NAME)
+
+
+class _SeedingLoader:
+    def __init__(self, loader: object) -> None:
+        self.loader = loader
+
+    def create_module(self, spec: object) -> object:
+        return self.loader.create_module(spec)  # type: ignore[attr-defined]
+
+    def exec_module(self, module: object) -> None:
+        self.loader.exec_module(module)  # type: ignore[attr-defined]
+        _SnippetSource.seed(module)
+
+
+def _show_source(src: str) -> None:
+    """This snippet's source for linecache: now if it is loaded, else when it is."""
+    _SnippetSource.source = src
+    linecache = _modules.get("linecache")
+    if linecache is not None:
+        _SnippetSource.seed(linecache)
 
 
 def _read_exact(fd: int, n: int) -> bytes | None:
@@ -69,7 +126,7 @@ def _send(fd: int, text: str) -> None:
         data = data[_write(fd, data) :]
 
 
-def _reader(fd: int, inbox: queue.SimpleQueue[bytes]) -> None:
+def _reader(fd: int, inbox: _queue.SimpleQueue[bytes]) -> None:
     """Requests into the inbox; end-of-file means the engine is gone, so end the process."""
     while True:
         head = _read_exact(fd, 4)
@@ -144,14 +201,29 @@ def _breach(exc: BaseException) -> str:
     return ""
 
 
-def _join_threads(keep: set[threading.Thread]) -> None:
-    """Wait for the snippet's non-daemon threads, as interpreter shutdown would."""
+def _join_threads() -> None:
+    """Wait for the snippet's non-daemon threads, as interpreter shutdown would.
+
+    Only `threading` makes such threads, so without it loaded there is nothing to wait for
+    (the worker's own reader is a bare `_thread` one, which `threading` lists as a daemon if
+    it lists it at all)."""
+    threading = _modules.get("threading")
+    if threading is None:
+        return
     try:
-        for thread in _enumerate_threads():
-            if thread not in keep and not thread.daemon and thread.is_alive():
+        main = threading.main_thread()
+        for thread in threading.enumerate():
+            if thread is not main and not thread.daemon and thread.is_alive():
                 thread.join()
     except BaseException:  # noqa: BLE001 - a snippet that broke threading: nothing to wait for
         pass
+
+
+def _print_exception(exc: BaseException, tb: object) -> None:
+    """As the interpreter prints an uncaught exception (traceback loaded now, if not yet)."""
+    import traceback
+
+    traceback.print_exception(type(exc), exc, tb)
 
 
 def _flush_at_exit(out: io.TextIOWrapper, err: io.TextIOWrapper) -> tuple[int, str]:
@@ -188,13 +260,13 @@ def _prepare(src: str, streams: _Streams, saved: dict[str, object], cpu: int,
         _lseek(fd, 0, os.SEEK_SET)
     out, err = streams.install()
     _setrlimit(resource.RLIMIT_CPU, (min(budget, int(_cpu_used()) + 1 + cpu), budget))
-    linecache.cache[NAME] = (len(src), None, src.splitlines(True), NAME)
+    _show_source(src)
     sys.argv = [NAME]
     return out, err
 
 
 def run_snippet(src: str, out: io.TextIOWrapper, err: io.TextIOWrapper,
-                saved: dict[str, object], keep: set[threading.Thread]) -> tuple[int, str]:
+                saved: dict[str, object]) -> tuple[int, str]:
     """Run one snippet as a fresh interpreter would; (exit status, limit breached or "")."""
     namespace: dict[str, object] = {"__name__": "__main__", "__builtins__": builtins}
     raised: BaseException | None = None
@@ -216,13 +288,13 @@ def run_snippet(src: str, out: io.TextIOWrapper, err: io.TextIOWrapper,
         except BaseException:  # noqa: BLE001
             pass
         try:
-            _print_exception(type(raised), raised, tb)
+            _print_exception(raised, tb)
         except BaseException:  # noqa: BLE001
             pass
         rc = 1
     raised = None
     # What interpreter shutdown would do next: wait for threads, run atexit, flush the streams.
-    _join_threads(keep)
+    _join_threads()
     try:
         _run_exitfuncs()
     except BaseException:  # noqa: BLE001 - atexit reports its own errors
@@ -243,10 +315,9 @@ def main() -> None:
     null = _open(os.devnull, os.O_RDONLY)
     _dup2(null, 0)
     _close(null)
-    inbox: queue.SimpleQueue[bytes] = queue.SimpleQueue()
-    reader = threading.Thread(target=_reader, args=(requests, inbox), daemon=True)
-    reader.start()
-    keep = {threading.main_thread(), reader}
+    inbox: _queue.SimpleQueue[bytes] = _SimpleQueue()
+    _start_thread(_reader, (requests, inbox))
+    sys.meta_path.insert(0, _SnippetSource)  # type: ignore[arg-type]
     streams = _Streams()
     saved = dict(_BUILTINS)
     _send(reply, "ready")
@@ -259,7 +330,7 @@ def main() -> None:
         except BaseException:  # noqa: BLE001 - an earlier snippet broke the interpreter
             rc, breach = -1, "unfit"
         else:
-            rc, breach = run_snippet(src, out, err, saved, keep)
+            rc, breach = run_snippet(src, out, err, saved)
             del out, err
             _restore_builtins(saved)
             _collect()
