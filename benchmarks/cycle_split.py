@@ -10,7 +10,9 @@ nested inside it:
     SFT               RsftPhase.update
     harness           HarnessPhase.run less the proposer (validation, smoke, scoring, acceptance)
     proposer          HarnessPhase._propose
-    evaluation        every evaluation point: RsftPhase._evaluate and the engine's own points
+    start evaluation  the run's first point (val and test before any training or search: once a
+                      run, the baseline every later number is read against)
+    evaluation        every other evaluation point: RsftPhase._evaluate and the engine's own
     other             the rest of the wall time (model load, start-up, bookkeeping)
 
 `tools` is the time spent stepping environments (tool calls, answer checks) inside the rollouts
@@ -55,7 +57,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-ROWS = ("weight rollouts", "SFT", "harness", "proposer", "evaluation", "other")
+ROWS = ("weight rollouts", "SFT", "harness", "proposer", "start evaluation", "evaluation", "other")
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -80,8 +82,10 @@ class Timers:
         self._stack: list[list[float]] = []  # per open call: nested wall, nested cpu
         self.frozen: tuple[dict[str, float], dict[str, float]] | None = None
 
-    def wrap(self, owner: Any, name: str, category: str, *, nested: bool = False) -> None:
-        """Time `owner.name`; `nested` times it inclusively, outside the exclusive split."""
+    def wrap(self, owner: Any, name: str, category: str | Callable[..., str], *,
+             nested: bool = False) -> None:
+        """Time `owner.name`; `nested` times it inclusively, outside the exclusive split.
+        `category` may be a function of the call's arguments."""
         fn = getattr(owner, name, None)
         if fn is None:
             print(f"note: {getattr(owner, '__name__', owner)}.{name} not found; not timed",
@@ -90,6 +94,7 @@ class Timers:
 
         @functools.wraps(fn)
         def timed(*args: Any, **kwargs: Any) -> Any:
+            row = category(*args, **kwargs) if callable(category) else category
             wall0, cpu0 = _clock()
             if not nested:
                 self._stack.append([0.0, 0.0])
@@ -99,12 +104,12 @@ class Timers:
                 wall1, cpu1 = _clock()
                 dw, dc = wall1 - wall0, cpu1 - cpu0
                 if nested:
-                    self.wall[category] += dw
-                    self.cpu[category] += dc
+                    self.wall[row] += dw
+                    self.cpu[row] += dc
                 else:
                     inner = self._stack.pop()
-                    self.wall[category] += dw - inner[0]
-                    self.cpu[category] += dc - inner[1]
+                    self.wall[row] += dw - inner[0]
+                    self.cpu[row] += dc - inner[1]
                     if self._stack:
                         self._stack[-1][0] += dw
                         self._stack[-1][1] += dc
@@ -127,7 +132,11 @@ def _instrument(timers: Timers) -> None:
     timers.wrap(RsftPhase, "_step", "weight rollouts")
     timers.wrap(RsftPhase, "update", "SFT")
     timers.wrap(RsftPhase, "_evaluate", "evaluation")
-    timers.wrap(EvaluationPoints, "_engine_evaluation", "evaluation")
+    timers.wrap(
+        EvaluationPoints,
+        "_engine_evaluation",
+        lambda _self, cycle, phase, key: "start evaluation" if phase == "start" else "evaluation",
+    )
     timers.wrap(HarnessPhase, "run", "harness")
     timers.wrap(HarnessPhase, "_propose", "proposer")
     timers.wrap(rollout, "_step_all", "tools", nested=True)
@@ -305,8 +314,11 @@ def _print(result: dict[str, Any], out: Callable[[str], None] = print) -> None:
     ev = result["events"]
     out(f"  rollouts: {ev['rollouts']}; evaluation results: {ev['eval_results']}")
     share = result["rows"]["evaluation"]
-    out(f"  evaluation share: {100 * share['wall_s'] / wall:.1f}% of wall, "
-        f"{100 * share['cpu_s'] / cpu:.1f}% of CPU (target <= 25%)")
+    start = result["rows"]["start evaluation"]
+    out(f"  evaluation share: {100 * (share['wall_s'] + start['wall_s']) / wall:.1f}% of wall, "
+        f"{100 * (share['cpu_s'] + start['cpu_s']) / cpu:.1f}% of CPU (target <= 25%); "
+        f"without the run's start evaluation {100 * share['wall_s'] / (wall - start['wall_s']):.1f}%"
+        f" / {100 * share['cpu_s'] / (cpu - start['cpu_s']):.1f}%")
 
 
 def _stats(values: list[float]) -> str:
