@@ -425,6 +425,12 @@ def main() -> None:
         "engine_vs_upper_range": ratio_stats(vs_upper),
         "engine_vs_upper_cb_range": ratio_stats(vs_cb),
         "engine_vs_loop_range": ratio_stats(vs_loop),
+        "per_round": {  # each round's ratios, to pool runs
+            "engine_vs_upper": vs_upper,
+            "engine_vs_upper_cb": vs_cb,
+            "engine_vs_loop": vs_loop,
+            "engine_vs_no_prefix_cache": vs_cold,
+        },
         "upper_cb_same_tokens": same_tokens,
         "engine_same_tokens": engine_same_tokens,
         "arm_orders": orders,

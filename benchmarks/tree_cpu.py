@@ -33,7 +33,7 @@ TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 # what a descendant's command line says it is (the first match wins)
 KINDS = (
-    ("tool", "The math tool's warm worker"),  # its program is passed with -c
+    ("tool", "_code = marshal.loads("),  # the warm worker's loader, passed with -c
     ("tool", "mem, cpu, fsize, path = int(sys.argv[1])"),  # a cold, one-call interpreter
     ("host", "whale_lab.harness.host_main"),
 )

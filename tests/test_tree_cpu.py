@@ -31,7 +31,7 @@ def _wait_for_cpu(pid: int, seconds: float) -> None:
 
 def test_a_live_grandchild_is_counted_and_named_by_its_command_line() -> None:
     """A worker that lives on after its work (as whale-lab's do), under a wrapper process."""
-    marker = "The math tool's warm worker"  # what a tool worker's command line carries
+    marker = "_code = marshal.loads("  # what a tool worker's command line carries
     inner = BURN.format(s=0.3, after=f"# {marker}\ntime.sleep(30)")
     wrapper = f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {inner!r}])"
     a, t0 = tree_cpu.read(), _os_times()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import functools
 import itertools
+import marshal
 import os
 import queue
 import select
@@ -61,8 +62,50 @@ T = TypeVar("T")
 
 @functools.lru_cache(maxsize=1)
 def _worker_source() -> str:
-    """The worker's program, passed with -c: the sandbox binds no file of the project."""
+    """The worker's program: the sandbox binds no file of the project."""
     return WORKER_ENTRY.read_text(encoding="utf-8")
+
+
+@functools.lru_cache(maxsize=1)
+def _worker_code() -> bytes:
+    """The worker's program compiled once here and marshalled: a worker starts per episode,
+    and compiling the program there cost each start about 3 ms of CPU. The worker runs the
+    interpreter this one is (`confine.python_executable`), so the bytecode is its own."""
+    return marshal.dumps(compile(_worker_source(), "<string>", "exec", dont_inherit=True))
+
+
+# Run with -c: reads the marshalled program from the descriptor in its last argument (a pipe
+# holding it whole), then runs it as the main module, with the arguments the program expects.
+_LOADER = (
+    "import marshal, os, sys\n"
+    "_fd = int(sys.argv.pop())\n"
+    "_parts = []\n"
+    "while True:\n"
+    "    _b = os.read(_fd, 65536)\n"
+    "    if not _b:\n"
+    "        break\n"
+    "    _parts.append(_b)\n"
+    "os.close(_fd)\n"
+    "_code = marshal.loads(b''.join(_parts))\n"
+    "del _fd, _parts, _b\n"
+    "exec(_code)\n"
+)
+
+
+def _code_pipe() -> int:
+    """A pipe's read end holding the marshalled program (it fits the pipe's buffer)."""
+    code = _worker_code()
+    r, w = os.pipe()
+    try:
+        view = memoryview(code)
+        while view:
+            view = view[os.write(w, view) :]
+    except BaseException:
+        os.close(r)
+        raise
+    finally:
+        os.close(w)
+    return r
 
 
 class _Spawner:
@@ -137,20 +180,22 @@ class ToolWorker:
             self._reply, rep_w = os.pipe()
             opened.append(rep_w)
             os.set_blocking(self._req, False)
+            code_r = _code_pipe()
+            opened.append(code_r)
             args = [str(lim.memory_bytes), str(lim.cpu_s), str(self._cpu_budget),
-                    str(lim.file_bytes), str(rep_w)]
+                    str(lim.file_bytes), str(rep_w), str(code_r)]
             # -I: no environment, no user site, no script folder; -S: no site-packages (no
             # whale_lab); -B: no bytecode written anywhere.
             wrapped: confine.Wrapped | None = None
             if conf.confined:
                 env = confine.clean_env(lim.env)
-                cmd = [confine.python_executable(), "-I", "-S", "-B", "-c", _worker_source()]
+                cmd = [confine.python_executable(), "-I", "-S", "-B", "-c", _LOADER]
                 wrapped = confine.wrap([*cmd, *args], bwrap=conf.bwrap, env=env)
-                cmd, fds = wrapped.argv, (rep_w, *wrapped.pass_fds)
+                cmd, fds = wrapped.argv, (rep_w, code_r, *wrapped.pass_fds)
             else:
                 env = unconfined_env(self._tmp, lim.env)
-                cmd = [sys.executable, "-I", "-S", "-B", "-c", _worker_source(), *args]
-                fds = (rep_w,)
+                cmd = [sys.executable, "-I", "-S", "-B", "-c", _LOADER, *args]
+                fds = (rep_w, code_r)
             try:
                 self.proc = subprocess.Popen(
                     cmd,

@@ -1,8 +1,9 @@
 """The math tool's warm worker: one long-lived interpreter that runs snippets on request.
 
 It runs inside the sandbox (or, where confinement is off and allowed, under resource limits only)
-as `python -I -S -B -c <this file's text> MEM CPU CPU_BUDGET FSIZE REPLY_FD`, so it may use the
-standard library only. Its stdin is the request pipe (moved off fd 0 at start, so that `input()`
+as `python -I -S -B -c <loader> MEM CPU CPU_BUDGET FSIZE REPLY_FD CODE_FD`: the engine compiles
+this file once and the loader reads the marshalled code from CODE_FD and runs it as `__main__`
+(`tool_worker._LOADER`), so it may use the standard library only. Its stdin is the request pipe (moved off fd 0 at start, so that `input()`
 reads /dev/null as before), fds 1 and 2 are the engine's capture files (emptied before each
 snippet, so RLIMIT_FSIZE caps each call's output), and REPLY_FD carries the replies.
 
