@@ -459,3 +459,21 @@ def test_an_unconfined_worker_dies_with_the_engine(unconfined: None, tmp_path: P
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     assert _all_gone(pids, within_s=10.0), [p for p in pids if not _gone(p)]
+
+
+def test_a_program_larger_than_a_pipe_buffer_is_written_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The marshalled program goes to the worker through a pipe written before it starts."""
+    from whale_lab.domains import tool_worker
+
+    big = bytes(range(256)) * 600  # 150 KiB: past the default 64 KiB
+    monkeypatch.setattr(tool_worker, "_worker_code", lambda: big)
+    fd = tool_worker._code_pipe()
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    assert b"".join(chunks) == big

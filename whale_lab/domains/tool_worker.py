@@ -92,11 +92,20 @@ _LOADER = (
 )
 
 
+_F_SETPIPE_SZ = 1031  # Linux's fcntl for a pipe's capacity
+
+
 def _code_pipe() -> int:
-    """A pipe's read end holding the marshalled program (it fits the pipe's buffer)."""
+    """A pipe's read end holding the marshalled program, written whole before the worker starts
+    (the pipe is grown to fit it where the default 64 KiB would not)."""
     code = _worker_code()
     r, w = os.pipe()
     try:
+        if len(code) > 65536:
+            import fcntl
+
+            fcntl.fcntl(w, _F_SETPIPE_SZ, len(code))
+        os.set_blocking(w, False)  # never hang here: a program that does not fit is an error
         view = memoryview(code)
         while view:
             view = view[os.write(w, view) :]
