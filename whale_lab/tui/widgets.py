@@ -34,11 +34,17 @@ TABLE_SLACK = 500
 
 
 class TextView(Static):
-    """A Static that skips updates that would not change what it shows (redraws are costly)."""
+    """A Static that skips updates that would not change what it shows (redraws are costly).
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    With `one_line`, for a view the stylesheet holds to one unwrapped line whose width its
+    container sets (the header's lines, the summaries above the tables), a one-line update
+    cannot change its size, so it redraws the view alone: an update that may change a size makes
+    Textual lay out the whole screen again, and the header's clock changes every second."""
+
+    def __init__(self, *args: Any, one_line: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._shown_key: object = object()
+        self._one_line = one_line
 
     def show(self, renderable: Any, key: object = None) -> None:
         key = renderable if key is None else key
@@ -47,19 +53,25 @@ class TextView(Static):
         if key == self._shown_key:
             return
         self._shown_key = key
-        self.update(renderable)
+        self.update(renderable, layout=not (self._one_line and _one_line(renderable)))
+
+
+def _one_line(renderable: Any) -> bool:
+    if isinstance(renderable, Text):
+        return "\n" not in renderable.plain
+    return isinstance(renderable, str) and "\n" not in renderable
 
 
 class StatusPanel(Vertical):
     """Header: run, model, domain, schedule, cycle/phase with its budget, rollouts, spend."""
 
     def compose(self) -> ComposeResult:
-        yield TextView(id="status-run")
+        yield TextView(id="status-run", one_line=True)
         with Horizontal(id="status-phase"):
-            yield TextView(id="status-phase-label")
+            yield TextView(id="status-phase-label", one_line=True)
             yield ProgressBar(total=None, show_eta=False, id="phase-progress")
-            yield TextView(id="status-elapsed")
-        yield TextView(id="status-accounting")
+            yield TextView(id="status-elapsed", one_line=True)
+        yield TextView(id="status-accounting", one_line=True)
 
     def update_view(
         self, view: RunView, *, state: str, fallback: dict[str, str], elapsed: float
@@ -177,7 +189,7 @@ class RolloutsPanel(Vertical):
         self._last_index = -1
 
     def compose(self) -> ComposeResult:
-        yield TextView(id="rollouts-summary")
+        yield TextView(id="rollouts-summary", one_line=True)
         table = RolloutsTable(id="rollouts-table", cursor_type="row", zebra_stripes=True)
         table.add_columns(*render.EPISODE_COLUMNS)
         yield table
@@ -263,7 +275,7 @@ class AccuracyPanel(Vertical):
     """
 
     def compose(self) -> ComposeResult:
-        yield TextView(id="accuracy-summary")
+        yield TextView(id="accuracy-summary", one_line=True)
         yield PlotextPlot(id="accuracy-plot")
         with Horizontal(id="accuracy-lower"):
             yield PlotextPlot(id="candidates-plot")
