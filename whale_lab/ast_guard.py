@@ -1,7 +1,7 @@
 """One `ast.parse` at a time, on the Pythons whose AST constructor is not thread-safe.
 
-CPython before 3.11.8 (and 3.12 before 3.12.2; 3.10 is treated the same) counts the AST constructor's recursion depth in
-interpreter-wide state (python/cpython#106905). When the garbage collector runs Python code in
+CPython before 3.11.8 (and 3.12 before 3.12.2; 3.10 is treated the same) counts the AST
+constructor's recursion depth in interpreter-wide state (python/cpython#106905). When the garbage collector runs Python code in
 the middle of a parse, another thread may parse too, and one of the two fails with
 `SystemError: AST constructor recursion depth mismatch`. whale-lab parses in several threads of
 one process: the engine's worker reads harness code while the app's thread parses a key
@@ -54,14 +54,14 @@ def installed() -> bool:
     return bool(getattr(ast.parse, _MARK, False))
 
 
-def install(force: bool = False) -> bool:
-    """Serialise `ast.parse` where this Python needs it (or always, with `force`); idempotent.
+def install() -> bool:
+    """Serialise `ast.parse` where this Python needs it; idempotent.
 
     Returns whether the lock is in place afterwards.
     """
     if installed():
         return True
-    if not (force or affected()):
+    if not affected():
         return False
     ast.parse = serialised(ast.parse)  # type: ignore[assignment]
     return True

@@ -16,10 +16,10 @@ class PanelApp(App[None]):
         yield RolloutsPanel(id="rollouts-panel")
 
 
-def _episode(i: int) -> EpisodeFinished:
+def _episode(i: int, task_id: str = "") -> EpisodeFinished:
     return EpisodeFinished(
         phase="weight",
-        task_id=f"t{i}",
+        task_id=task_id or f"t{i}",
         sample=0,
         turns=1,
         reward=float(i % 2),
@@ -122,13 +122,5 @@ async def test_kept_lines_draw_what_a_fresh_render_draws_as_rows_stream_in() -> 
         await same()
         table.focus()
         await same()
-        wide = EpisodeFinished(
-            phase="weight",
-            task_id="a-task-id-much-wider-than-the-others",
-            sample=0,
-            turns=1,
-            reward=1.0,
-            stop_reason="answered",
-        )
-        await append([wide])
+        await append([_episode(34, task_id="a-task-id-much-wider-than-the-others")])
         assert hits > 0  # lines were drawn from the kept cache, not around it
