@@ -87,7 +87,7 @@ async def test_kept_lines_draw_what_a_fresh_render_draws_as_rows_stream_in() -> 
 
         def lines() -> list[str]:
             return [
-                "".join(f"{seg.text}|{seg.style}" for seg in strip)
+                "".join(f"{seg.text}|{seg.style!r}|{seg.style and seg.style.meta}" for seg in strip)
                 for strip in table.render_lines(table.region.reset_offset)
             ]
 
@@ -124,3 +124,70 @@ async def test_kept_lines_draw_what_a_fresh_render_draws_as_rows_stream_in() -> 
         await same()
         await append([_episode(34, task_id="a-task-id-much-wider-than-the-others")])
         assert hits > 0  # lines were drawn from the kept cache, not around it
+
+
+class TwinApp(App[None]):
+    """DataTable and RolloutsTable side by side with the same columns and rows."""
+
+    def compose(self) -> ComposeResult:
+        from textual.widgets import DataTable
+
+        from whale_lab.tui import render
+
+        for table in (
+            DataTable(id="plain", cursor_type="row", zebra_stripes=True),
+            RolloutsTable(id="kept", cursor_type="row", zebra_stripes=True),
+        ):
+            table.add_columns(*render.EPISODE_COLUMNS)
+            table.styles.height = 14
+            yield table
+
+
+async def test_cells_drawn_from_kept_looks_equal_datatables_own_drawing() -> None:
+    """Every segment RolloutsTable draws (text, colours, attributes and the row/column meta a
+    click reads) equals DataTable's own, with the cursor on a row, off it, hovered and unfocused,
+    and with cells repeating across rows so the kept looks are reused."""
+    from textual.coordinate import Coordinate
+    from textual.widgets import DataTable
+
+    from whale_lab.tui import render
+
+    view = RunView()
+    view.apply(RunStarted(run_id="r", domain="math", model="m", schedule="whale", harness="h0"))
+    for i in range(24):
+        view.apply(_episode(i, task_id="a-much-wider-task-id" if i == 17 else ""))
+    app = TwinApp()
+    async with app.run_test(size=(110, 40)) as pilot:
+        plain = app.query_one("#plain", DataTable)
+        kept = app.query_one("#kept", RolloutsTable)
+        for row in view.episodes:
+            for table in (plain, kept):
+                table.add_row(*render.episode_cells(row))
+
+        def drawn(table: DataTable) -> list[list[tuple[object, ...]]]:
+            return [
+                [(s.text, s.style, s.style and s.style.meta, s.control) for s in strip]
+                for strip in table.render_lines(table.region.reset_offset)
+            ]
+
+        async def same() -> None:
+            """Each table drawn focused (one at a time) and unfocused: the two alike."""
+            a: list[object] = []
+            b: list[object] = []
+            for focus in (plain, kept, None):
+                app.set_focus(focus)
+                await pilot.pause()
+                a.append(drawn(plain) if focus is not kept else None)
+                b.append(drawn(kept) if focus is not plain else None)
+            assert (a[0], a[2]) == (b[1], b[2])
+            assert any(s[2] and s[2].get("row", -1) >= 0 for line in b[1] for s in line)
+
+        for row in (23, 5, 0):
+            for table in (plain, kept):
+                table.move_cursor(row=row, animate=False)
+            await same()
+        for table in (plain, kept):
+            table.hover_coordinate = Coordinate(2, 2)
+            table._set_hover_cursor(True)
+        await same()
+    assert len(kept._kept_looks) < 9 * len(view.episodes)  # repeated cells drawn once

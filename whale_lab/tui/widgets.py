@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.padding import Padding
+from rich.segment import Segment
 from rich.style import Style
 from rich.syntax import Syntax
 from rich.text import Text
-from textual.app import ComposeResult
+from textual.app import ComposeResult, RenderResult
 from textual.cache import LRUCache
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.geometry import Region
+from textual.renderables.styled import Styled
 from textual.strip import Strip
 from textual.widgets import (
     Button,
@@ -19,6 +23,7 @@ from textual.widgets import (
     RichLog,
     Static,
 )
+from textual.widgets._progress_bar import Bar, PercentageStatus
 from textual.widgets.option_list import Option
 from textual_plotext import PlotextPlot
 
@@ -62,6 +67,38 @@ def _one_line(renderable: Any) -> bool:
     return isinstance(renderable, str) and "\n" not in renderable
 
 
+class StillBar(Bar):
+    """Textual's bar without its sweep while the amount of work is unknown.
+
+    The sweep redraws fifteen times a second for as long as it lasts (loading the model, a
+    phase's start), the UI thread's largest cost while nothing else changes; the header's clock
+    and activity already say the engine is at work, so an unknown amount shows as a still bar."""
+
+    def watch_percentage(self, percentage: float | None) -> None:
+        self.auto_refresh = None
+
+    def render_indeterminate(self) -> RenderResult:
+        style = self.get_component_rich_style("bar--indeterminate")
+        return self.bar_renderable(
+            highlight_range=(0, self.size.width),
+            highlight_style=Style.from_color(style.color),
+            background_style=Style.from_color(style.bgcolor),
+        )
+
+
+class PhaseProgressBar(ProgressBar):
+    """The header's progress bar, with the still bar for an unknown amount (no ETA)."""
+
+    def compose(self) -> ComposeResult:
+        yield (
+            StillBar(id="bar", clock=self._clock, bar_renderable=self.BAR_RENDERABLE)
+            .data_bind(ProgressBar.percentage)
+            .data_bind(ProgressBar.gradient)
+        )
+        if self.show_percentage:
+            yield PercentageStatus(id="percentage").data_bind(ProgressBar.percentage)
+
+
 class StatusPanel(Vertical):
     """Header: run, model, domain, schedule, cycle/phase with its budget, rollouts, spend."""
 
@@ -69,7 +106,7 @@ class StatusPanel(Vertical):
         yield TextView(id="status-run", one_line=True)
         with Horizontal(id="status-phase"):
             yield TextView(id="status-phase-label", one_line=True)
-            yield ProgressBar(total=None, show_eta=False, id="phase-progress")
+            yield PhaseProgressBar(total=None, show_eta=False, id="phase-progress")
             yield TextView(id="status-elapsed", one_line=True)
         yield TextView(id="status-accounting", one_line=True)
 
@@ -112,12 +149,52 @@ class RolloutsTable(DataTable[Text]):
         super().__init__(**kwargs)
         self._kept_cells: LRUCache[tuple[object, ...], Any] = LRUCache(4000)
         self._kept_lines: LRUCache[tuple[object, ...], Strip] = LRUCache(1000)
+        self._kept_looks: LRUCache[tuple[object, ...], Any] = LRUCache(4000)
+        self._frame_style: Style | None = None
+        self._frame_widths: tuple[int, ...] = ()
 
     def _clear_caches(self) -> None:
         super()._clear_caches()
         if hasattr(self, "_kept_cells"):
             self._kept_cells.clear()
             self._kept_lines.clear()
+            self._kept_looks.clear()
+
+    def append_rows(self, rows: list[tuple[Text, ...]]) -> None:
+        """Add rows and measure them now rather than when the table next idles.
+
+        DataTable measures new rows on idle, so an append followed by a move to the newest row
+        draws three frames (the rows, the scroll clamped to the old size, the new size and
+        scroll); measured here, the append, the new size and the scroll are one frame."""
+        self.add_rows(rows)
+        if self._require_update_dimensions:
+            self._require_update_dimensions = False
+            new_rows = self._new_rows.copy()
+            self._new_rows.clear()
+            self._update_dimensions(new_rows)
+
+    def _column_widths(self) -> tuple[int, ...]:
+        return tuple(column.get_render_width(self) for column in self.ordered_columns)
+
+    def render_lines(self, crop: Region) -> list[Strip]:
+        # What every line of one frame shares is worked out once for the frame: the widget's
+        # style and the column widths (each a walk over styles or columns per line otherwise).
+        self._frame_style = self.rich_style
+        self._frame_widths = self._column_widths()
+        try:
+            return super().render_lines(crop)
+        finally:
+            self._frame_style = None
+            self._frame_widths = ()
+
+    def render_line(self, y: int) -> Strip:
+        if self.fixed_rows:
+            return super().render_line(y)
+        scroll_x, scroll_y = self.scroll_offset
+        if y >= (self.get_row_height(self._header_row_key) if self.show_header else 0):
+            y += scroll_y
+        style = self._frame_style if self._frame_style is not None else self.rich_style
+        return self._render_line(y, scroll_x, scroll_x + self.size.width, style)
 
     def _render_line(self, y: int, x1: int, x2: int, base_style: Style) -> Strip:
         if self.cursor_type != "row" or self.fixed_columns or self._labelled_row_exists:
@@ -141,7 +218,7 @@ class RolloutsTable(DataTable[Text]):
             self.hover_coordinate.row == row_index,
             self._show_hover_cursor,
             self._pseudo_class_state,
-            tuple(column.get_render_width(self) for column in self.ordered_columns),
+            self._frame_widths or self._column_widths(),
         )
         strip = self._kept_lines.get(key)
         if strip is None:
@@ -174,9 +251,57 @@ class RolloutsTable(DataTable[Text]):
         )
         lines = self._kept_cells.get(key)
         if lines is None:
-            lines = super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
+            lines = self._render_body_cell(
+                row_index, column_index, base_style, width, cursor, hover
+            )
             self._kept_cells[key] = lines
         return lines
+
+    def _render_body_cell(
+        self, row_index: int, column_index: int, base_style: Style, width: int, cursor: bool,
+        hover: bool,
+    ) -> Any:
+        """A one-line text cell drawn from the kept drawing of the same text, width and styles.
+
+        Most columns repeat (phase, turns, stop reason, harness), so each distinct look is drawn
+        once through Rich and later rows only add their own position: the `row`/`column` meta
+        DataTable puts on every segment for the mouse, which carries no colour or attribute, so
+        adding it last gives the same segments as DataTable's own drawing with it first."""
+        row = self.rows.get(self._row_locations.get_key(row_index))  # type: ignore[arg-type]
+        cells = self._get_row_renderables(row_index).cells
+        cell = cells[column_index] if column_index < len(cells) else None
+        if (
+            row is None or row.height != 1 or not isinstance(cell, Text) or "\n" in cell.plain
+            or row_index < self.fixed_rows or column_index < self.fixed_columns
+        ):
+            return super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
+        component_style, post_style = self._get_styles_to_render_cell(
+            False, False, False, hover, cursor, self.show_cursor, self._show_hover_cursor,
+            self.cursor_foreground_priority == "css", self.cursor_background_priority == "css",
+        )
+        look = (
+            cell.plain, str(cell.style), tuple(cell.spans), cell.justify, cell.overflow,
+            cell.no_wrap, cell.end, width, base_style, component_style, post_style,
+            self.cell_padding,
+        )
+        body = self._kept_looks.get(look)
+        if body is None:
+            options = self.app.console_options.update_dimensions(width, 1).update(no_wrap=True)
+            body = self.app.console.render_lines(
+                Styled(
+                    Padding(cell, (0, self.cell_padding)),
+                    pre_style=base_style + component_style,
+                    post_style=post_style,
+                ),
+                options,
+            )
+            self._kept_looks[look] = body
+        meta = Style.from_meta({"row": row_index, "column": column_index})
+        return [
+            [Segment(seg.text, meta if seg.style is None else seg.style + meta, seg.control)
+             for seg in line]
+            for line in body
+        ]
 
 
 class RolloutsPanel(Vertical):
@@ -195,8 +320,8 @@ class RolloutsPanel(Vertical):
         yield table
 
     @property
-    def table(self) -> DataTable[Text]:
-        return self.query_one("#rollouts-table", DataTable)
+    def table(self) -> RolloutsTable:
+        return self.query_one("#rollouts-table", RolloutsTable)
 
     def filters(self, view: RunView) -> list[str]:
         """All, failures, then one entry per stop reason seen so far."""
@@ -224,7 +349,7 @@ class RolloutsPanel(Vertical):
         table.clear()
         rows = [r for r in view.episodes if matches_filter(r, self.filter)][-MAX_TABLE_ROWS:]
         self._shown = rows
-        table.add_rows([render.episode_cells(row) for row in rows])
+        table.append_rows([render.episode_cells(row) for row in rows])
         self._last_index = view.episodes[-1].index if view.episodes else -1
         if rows:
             target = len(rows) - 1
@@ -246,7 +371,7 @@ class RolloutsPanel(Vertical):
             self.rebuild(view, follow=follow)
             return
         if added:
-            table.add_rows([render.episode_cells(row) for row in added])
+            table.append_rows([render.episode_cells(row) for row in added])
             self._shown.extend(added)
             if follow:
                 table.move_cursor(row=table.row_count - 1, animate=False)
