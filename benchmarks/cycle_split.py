@@ -24,6 +24,10 @@ seconds are the steadier figure. The run's events give the rollout counts beside
     python benchmarks/cycle_split.py                         # one default cycle
     python benchmarks/cycle_split.py --set rsft.eval_every=0.5 --set domain.splits.val=24
     python benchmarks/cycle_split.py --set schedule.weight_epochs=0.1 --json   # a quick look
+    python benchmarks/cycle_split.py --cycles 2              # the shipped run, both cycles
+
+`--cycles N` times the run through cycle N instead (the start evaluation once, every later
+point in its cycle), so a run's evaluation share is one measurement, not a sum of separate runs.
 
 `--app` times the same cycle headless and in the app, arms alternated over `--rounds` rounds in
 this one process (headless first in odd rounds, the app first in even ones), after `--warmup`
@@ -156,8 +160,8 @@ def _config(overrides: list[str], folder: Path) -> Any:
     )
 
 
-def _engine_until_cycle_two(cfg: Any, root: Path, commands: Any, ends: list[Any]) -> Any:
-    """An engine on `root` that is asked to stop as soon as cycle 2 begins."""
+def _engine_until_cycle(cfg: Any, root: Path, commands: Any, ends: list[Any], last: int = 1) -> Any:
+    """An engine on `root` that is asked to stop as soon as cycle `last + 1` begins."""
     from whale_lab.engine.engine import Engine
     from whale_lab.events import PhaseStarted
     from whale_lab.reviewers import AutoReviewer
@@ -167,18 +171,19 @@ def _engine_until_cycle_two(cfg: Any, root: Path, commands: Any, ends: list[Any]
     store = RunStore(root)
 
     def after_cycle_one(ev: Any) -> None:
-        if isinstance(ev, PhaseStarted) and ev.cycle >= 2 and not ends:
+        if isinstance(ev, PhaseStarted) and ev.cycle > last and not ends:
             ends.append(_clock())
             TIMERS.freeze()
-            commands.send(Command("stop", by="benchmark", reason="cycle 1 is over"))
+            commands.send(Command("stop", by="benchmark", reason=f"cycle {last} is over"))
 
     store.subscribe(after_cycle_one)
     return Engine(cfg, store, reviewer=AutoReviewer(), commands=commands), store
 
 
 def run_cycle(overrides: list[str], folder: Path, *, app: bool = False,
-              profile: Any = None) -> dict[str, Any]:
-    """One cycle, headless or in the app (`profile`: a cProfile.Profile for the UI thread)."""
+              profile: Any = None, cycles: int = 1) -> dict[str, Any]:
+    """The run up to the end of cycle `cycles`, headless or in the app (`profile`: a
+    cProfile.Profile for the UI thread)."""
     cfg = _config(overrides, folder)
     from whale_lab.quiet import quiet_libraries
 
@@ -195,10 +200,10 @@ def run_cycle(overrides: list[str], folder: Path, *, app: bool = False,
     wall0, cpu0 = _clock()
     ui_cpu = 0.0
     if app:
-        store, ui_cpu = _app_cycle(cfg, root, ends, profile)
+        store, ui_cpu = _app_cycle(cfg, root, ends, profile, cycles)
     else:
         commands = CommandChannel()
-        engine, store = _engine_until_cycle_two(cfg, root, commands, ends)
+        engine, store = _engine_until_cycle(cfg, root, commands, ends, cycles)
         engine.run()
         store.close()
     end_wall, end_cpu = ends[0] if ends else _clock()
@@ -221,7 +226,8 @@ def run_cycle(overrides: list[str], folder: Path, *, app: bool = False,
         "cpu_s": cpu_total,
         "rows": {r: {"wall_s": walls.get(r, 0.0), "cpu_s": cpus.get(r, 0.0)} for r in ROWS},
         "tools": {"wall_s": walls.get("tools", 0.0), "cpu_s": cpus.get("tools", 0.0)},
-        "events": _from_events(store.root),
+        "events": _from_events(store.root, cycles),
+        "cycles": cycles,
         "run": str(store.root),
         "completed_cycle": bool(ends),
         "arm": "app" if app else "headless",
@@ -229,7 +235,8 @@ def run_cycle(overrides: list[str], folder: Path, *, app: bool = False,
     }
 
 
-def _app_cycle(cfg: Any, root: Path, ends: list[Any], profile: Any) -> tuple[Any, float]:
+def _app_cycle(cfg: Any, root: Path, ends: list[Any], profile: Any,
+               cycles: int = 1) -> tuple[Any, float]:
     """The cycle in the app: `App.run_test` at 120x40 until the engine worker has finished."""
     import asyncio
 
@@ -238,7 +245,7 @@ def _app_cycle(cfg: Any, root: Path, ends: list[Any], profile: Any) -> tuple[Any
     stores: list[Any] = []
 
     def factory(cfg_: Any, run_dir: Any, reviewer: Any, commands: Any) -> tuple[Any, Any]:
-        engine, store = _engine_until_cycle_two(cfg_, root, commands, ends)
+        engine, store = _engine_until_cycle(cfg_, root, commands, ends, cycles)
         stores.append(store)
         return engine, store
 
@@ -264,8 +271,8 @@ def _app_cycle(cfg: Any, root: Path, ends: list[Any], profile: Any) -> tuple[Any
     return stores[-1], time.thread_time() - ui0
 
 
-def _from_events(root: Path) -> dict[str, Any]:
-    """Rollouts by phase and evaluation results up to the end of cycle 1, from events.jsonl."""
+def _from_events(root: Path, last: int = 1) -> dict[str, Any]:
+    """Rollouts by phase and evaluation results up to the end of cycle `last`, from events.jsonl."""
     from whale_lab.events import (
         EpisodeFinished,
         EvalResult,
@@ -279,7 +286,7 @@ def _from_events(root: Path) -> dict[str, Any]:
     evals: Counter[str] = Counter()
     step_s = proposer_s = 0.0
     for e in RunStore.read_events(root):
-        if isinstance(e, PhaseStarted) and e.cycle >= 2:
+        if isinstance(e, PhaseStarted) and e.cycle > last:
             break
         if isinstance(e, EpisodeFinished):
             episodes[e.phase] += 1
@@ -299,12 +306,14 @@ def _from_events(root: Path) -> dict[str, Any]:
 
 def _print(result: dict[str, Any], out: Callable[[str], None] = print) -> None:
     c = result["config"]
-    out(f"one WHALE cycle on the embedded default ({result['run']})")
+    n = result.get("cycles", 1)
+    span = "one WHALE cycle" if n == 1 else f"a WHALE run through cycle {n}"
+    out(f"{span} on the embedded default ({result['run']})")
     out(f"  rsft.eval_every {c['rsft.eval_every']}, eval.test_every {c['eval.test_every']}, "
         f"splits {c['splits']}, k {c['k']}, weight_epochs {c['weight_epochs']}, harness "
         f"iterations {c['harness_iterations']}, OMP_NUM_THREADS {c['threads']}")
     if not result["completed_cycle"]:
-        out("  note: the run ended before cycle 2 began; figures cover the whole run")
+        out(f"  note: the run ended before cycle {n + 1} began; figures cover the whole run")
     wall, cpu = result["wall_s"], result["cpu_s"]
     out(f"  {'':18}{'wall s':>9}{'wall %':>8}{'CPU s':>9}{'CPU %':>8}")
     for name, row in (*result["rows"].items(), ("tools (inside)", result["tools"])):
@@ -392,6 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the run folder")
     parser.add_argument("--app", action="store_true",
                         help="time the cycle headless and in the app, arms alternated")
+    parser.add_argument("--cycles", type=int, default=1,
+                        help="time the run through this cycle (not with --app)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of both arms (--app)")
     parser.add_argument("--warmup", type=int, default=1,
                         help="untimed rounds of both arms before the timed ones (--app)")
@@ -400,6 +411,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
+    if args.cycles < 1 or (args.app and args.cycles != 1):
+        parser.error("--cycles must be at least 1, and 1 with --app")
     if args.warmup < 0:
         parser.error("--warmup must be at least 0")
     try:
@@ -414,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
             result = compare_arms(args.overrides, args.rounds, folder, args.profile_ui,
                                   args.warmup)
         else:
-            result = run_cycle(args.overrides, folder)
+            result = run_cycle(args.overrides, folder, cycles=args.cycles)
     finally:
         if not args.keep:
             import shutil
