@@ -7,6 +7,7 @@ new behaviour by calling the candidate in a harness host.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,13 @@ Legal moves:
 
 def h0(domain: str) -> str:
     return (REPO / "harnesses" / domain / "h0.py").read_text(encoding="utf-8")
+
+
+def h0_with_turns(domain: str, turns: int) -> str:
+    """h0 with another MAX_TURNS: a parent whose limit leaves a rule room (or none) to act."""
+    code = h0(domain)
+    assert "\nMAX_TURNS = " in code
+    return re.sub(r"(?m)^MAX_TURNS = \d+$", f"MAX_TURNS = {turns}", code)
 
 
 def turn(
@@ -543,10 +551,12 @@ CASES: list[tuple[str, str, Callable[[], list[dict]], str, str, Callable[[Path, 
 ]
 
 
-def _archive(tmp_path: Path, domain: str, traces: list[dict], rate: float = 0.0) -> PhaseArchive:
+def _archive(
+    tmp_path: Path, domain: str, traces: list[dict], rate: float = 0.0, code: str | None = None
+) -> PhaseArchive:
     archive = PhaseArchive(tmp_path / "phase")
     cid = archive.add_candidate(
-        h0(domain),
+        h0(domain) if code is None else code,
         parent_id="",
         hypothesis="incoming",
         surface="",
@@ -582,6 +592,17 @@ def _request(
     )
 
 
+# Cases whose rule needs more turns than h0's MAX_TURNS = 2 to act (a context window cuts nothing
+# before turn 4; a retried tool call is read on turn 3): their parent is h0 with room to act.
+# tests/test_search_rules_limits.py checks that on h0 itself these rules are not proposed.
+PARENT_TURNS = {("search", "context"): 6, ("math", "tool_error"): 4}
+
+
+def case_parent(domain: str, kind: str) -> str:
+    turns = PARENT_TURNS.get((domain, kind))
+    return h0(domain) if turns is None else h0_with_turns(domain, turns)
+
+
 @pytest.mark.parametrize(
     ("domain", "kind", "make", "mechanism", "surface", "check"),
     CASES,
@@ -590,17 +611,18 @@ def _request(
 def test_rules_candidate_per_failure_kind(
     tmp_path: Path, domain: str, kind: str, make, mechanism: str, surface: str, check
 ) -> None:
-    archive = _archive(tmp_path, domain, make())
+    parent = case_parent(domain, kind)
+    archive = _archive(tmp_path, domain, make(), code=parent)
     session = RulesProposer().propose(_request(archive, domain, n=2))
     assert session.error == ""
     by_name = {c.mechanism: c for c in session.candidates}
     assert mechanism in by_name, [c.mechanism for c in session.candidates]
     cand = by_name[mechanism]
     assert cand.surface == surface and cand.parent_id == "c000"
-    assert surface in changed_surfaces(h0(domain), cand.code)
+    assert surface in changed_surfaces(parent, cand.code)
     assert cand.cited_traces and cand.cited_traces[0].startswith("c000/t")
     assert "Evidence (c000: " in cand.hypothesis and cand.cited_traces[0] in cand.hypothesis
-    assert cand.code != h0(domain)
+    assert cand.code != parent
     path = tmp_path / f"{mechanism}.py"
     path.write_text(cand.code, encoding="utf-8")
     result = validate_harness(path, domain, SANDBOX)

@@ -63,7 +63,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", default=None, metavar="RUN_DIR", help="resume a killed train run")
     p.add_argument("--adapter", default=None, metavar="DIR", help="start from this LoRA adapter")
 
-    p = sub.add_parser("search", help="harness-only Meta-Harness search on fixed weights (resumable)")
+    p = sub.add_parser(
+        "search",
+        help="harness-only Meta-Harness search on fixed weights (resumable)",
+        description="Harness-only Meta-Harness search on fixed weights (resumable). Candidates "
+        "come from proposer.kind: rules (the offline default), llm, manual or claude-code.",
+        epilog="The rules proposer is a deterministic catalogue of trace-triggered mechanisms: a "
+        "baseline and an offline stand-in for an LLM proposer. It does not read the harness "
+        "code the way an LLM proposer does; it counts failure patterns in the parent's traces "
+        "and applies the matching edits from a fixed catalogue, one per candidate. An edit the "
+        "parent's limits (MAX_TURNS, retry budgets) leave no room to act is skipped, or comes "
+        "with the raised limit where that is part of the edit's idea. "
+        "Use proposer.kind = \"llm\" for a proposer that reads the archive and writes its own "
+        "edits.",
+    )
     _add_common(p)
     p.add_argument("--domain", choices=["math", "search", "chess"], default=None)
     p.add_argument("--harness", default=None, help="incoming harness (default: h0)")

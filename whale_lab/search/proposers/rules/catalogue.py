@@ -147,7 +147,11 @@ def _shown_sample(traces: list[dict[str, Any]], n: int = 20) -> str:
 
 
 class RulesProposer:
-    """Deterministic, offline, evidence-driven: one mechanism per candidate."""
+    """A fixed catalogue of edits, each triggered by a failure pattern in the traces.
+
+    Deterministic and offline: a baseline and a stand-in for an LLM proposer, one mechanism per
+    candidate, never one that the parent's limits leave no room to act.
+    """
 
     name = "rules"
 

@@ -1,22 +1,27 @@
 """Chess-only rules: legal moves annotated with checks and captures, and illegal-move feedback.
 
 They read the legal-move list the chess harness shows and the chess environment's feedback
-kinds, so they apply to no other domain.
+kinds, so they apply to no other domain. The illegal-move hint is read on a retry, so that rule
+raises ILLEGAL_MOVE_RETRY_BUDGET in the same edit and is not proposed on a single-turn parent.
 """
 
 from __future__ import annotations
 
 import re
 
-from whale_lab.search.codeedit import (
-    append_block,
-    ensure_import,
-    get_constant,
-    set_constant,
-    wrap_function,
+from whale_lab.search.codeedit import append_block, ensure_import, wrap_function
+from whale_lab.search.proposers.rules.common import (
+    Finding,
+    Mechanism,
+    RuleContext,
+    quote,
+    raise_retry_budget,
+    too_few_turns,
 )
-from whale_lab.search.proposers.rules.common import Finding, Mechanism, RuleContext, quote
 from whale_lab.search.trace_stats import cite
+
+# The illegal move, then a retry that reads the hint.
+_RETRY_TURNS = 2
 
 _LEGAL_LINE = re.compile(r"^\s*-\s*\[[a-h][1-8][a-h][1-8][qrbn]?\]\s*SAN=\S+", re.MULTILINE)
 
@@ -75,7 +80,7 @@ def _build_annotate_moves(ctx: RuleContext, f: Finding) -> tuple[str, str]:
 
 def _find_illegal_feedback(ctx: RuleContext) -> Finding | None:
     n = ctx.stats.illegal_turns
-    if n <= 0:
+    if n <= 0 or too_few_turns(ctx, _RETRY_TURNS):
         return None
     ev = (
         f"{n} illegal moves in {len(ctx.stats.illegal_eps)} episodes; "
@@ -92,8 +97,6 @@ def _find_illegal_feedback(ctx: RuleContext) -> Finding | None:
 
 def _build_illegal_feedback(ctx: RuleContext, f: Finding) -> tuple[str, str]:
     code, prev = wrap_function(ctx.parent_code, "format_feedback", "plain", ["kind", "detail"])
-    budget = int(get_constant(ctx.parent_code, "ILLEGAL_MOVE_RETRY_BUDGET", 1) or 1)
-    new_budget = min(10, max(budget + 1, 2))
     tag = ctx.spec.answer_tag or "move"
     hint = (
         f"That move is not legal in this position. Pick one move from the legal-move list and "
@@ -109,12 +112,10 @@ def _build_illegal_feedback(ctx: RuleContext, f: Finding) -> tuple[str, str]:
         "        return lead + _ILLEGAL_HINT\n"
         "    return text\n"
     )
-    code = append_block(code, body)
-    code = set_constant(code, "ILLEGAL_MOVE_RETRY_BUDGET", new_budget)
+    code, budget = raise_retry_budget(append_block(code, body), "ILLEGAL_MOVE_RETRY_BUDGET")
     return code, (
         f"format_feedback now tells the model to copy a move from the legal-move list "
-        f"after an illegal move; ILLEGAL_MOVE_RETRY_BUDGET goes {budget} -> {new_budget} "
-        "so the hint can be used."
+        f"after an illegal move; {budget} so the hint can be used."
     )
 
 

@@ -1,7 +1,8 @@
 """What every rule shares: the parent's reply format, the rule context, findings, mechanisms.
 
 Each surface module builds its rules from these; the small text helpers keep the evidence and
-the edited prompts worded the same way across rules.
+the edited prompts worded the same way across rules, and the limit helpers read the parent's
+MAX_TURNS and retry budgets so that no rule is proposed where those limits leave it nothing to do.
 """
 
 from __future__ import annotations
@@ -11,10 +12,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from whale_lab.search.codeedit import set_constant, string_constant
+from whale_lab.harness.surfaces import SURFACES
+from whale_lab.search.codeedit import find_top_level, get_constant, set_constant, string_constant
 from whale_lab.search.trace_stats import FailureStats
 
 DEFAULT_TOOLS = {"search": ("search", "query"), "math": ("python", "code")}
+
+# A feedback rule raises its retry budget to at least this, so one retry can read the feedback,
+# and to at most RETRY_BUDGET_CAP (the chess contract's cap); it never lowers a budget.
+MIN_RETRY_BUDGET = 2
+RETRY_BUDGET_CAP = 10
 
 
 @dataclass
@@ -149,3 +156,38 @@ def pct(a: int, b: int) -> str:
 def short(text: str, n: int = 120) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def parent_limit(code: str, name: str) -> int | None:
+    """The parent's value of an int surface (MAX_TURNS, a retry budget), read with `ast`, never run.
+
+    Absent: the contract default, which is what the runtime uses. Bound to something that is not
+    an int literal: None, so that a rule never declines or raises on a guess.
+    """
+    if find_top_level(code, name) is None:
+        return int(SURFACES[name].default)
+    value = get_constant(code, name, None)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def too_few_turns(ctx: RuleContext, need: int) -> bool:
+    """True when the parent's MAX_TURNS is known and below `need`: the rule could not act there.
+
+    A tool result or a feedback message is shown on the turn after the one that caused it, so a
+    rule that acts through one needs that next turn to exist.
+    """
+    turns = parent_limit(ctx.parent_code, "MAX_TURNS")
+    return turns is not None and turns < need
+
+
+def raise_retry_budget(code: str, name: str) -> tuple[str, str]:
+    """Raise a retry budget so the feedback a rule adds is read on a retry; never lower it.
+
+    Returns the edited code and the clause that says what happened to the budget.
+    """
+    known = parent_limit(code, name)
+    budget = int(SURFACES[name].default) if known is None else known
+    new = max(budget, min(RETRY_BUDGET_CAP, max(budget + 1, MIN_RETRY_BUDGET)))
+    if new == budget and known is not None:
+        return code, f"{name} stays at {budget}, which already allows retries"
+    return set_constant(code, name, new), f"{name} goes {budget} -> {new}"

@@ -1,18 +1,30 @@
 """Feedback rules: after a malformed reply, show the exact form a readable one takes.
 
-Chess's illegal-move feedback lives in `chess.py` with the other chess-only rules.
+Feedback is read on the next turn and only while the retry budget lasts, so the rule raises
+FORMAT_RETRY_BUDGET in the same edit and is not proposed on a parent with a single turn. Chess's
+illegal-move feedback lives in `chess.py` with the other chess-only rules.
 """
 
 from __future__ import annotations
 
-from whale_lab.search.codeedit import append_block, get_constant, set_constant, wrap_function
-from whale_lab.search.proposers.rules.common import Finding, Mechanism, RuleContext, quote
+from whale_lab.search.codeedit import append_block, wrap_function
+from whale_lab.search.proposers.rules.common import (
+    Finding,
+    Mechanism,
+    RuleContext,
+    quote,
+    raise_retry_budget,
+    too_few_turns,
+)
 from whale_lab.search.trace_stats import cite
+
+# The malformed reply, then a retry that reads the feedback.
+_FEEDBACK_TURNS = 2
 
 
 def _find_format_feedback(ctx: RuleContext) -> Finding | None:
     inv = ctx.stats.invalid_turns
-    if not inv:
+    if not inv or too_few_turns(ctx, _FEEDBACK_TURNS):
         return None
     ff = ctx.stats.format_failure_eps
     ev = (
@@ -30,8 +42,6 @@ def _find_format_feedback(ctx: RuleContext) -> Finding | None:
 
 def _build_format_feedback(ctx: RuleContext, f: Finding) -> tuple[str, str]:
     code, prev = wrap_function(ctx.parent_code, "format_feedback", "plain", ["kind", "detail"])
-    budget = int(get_constant(ctx.parent_code, "FORMAT_RETRY_BUDGET", 1) or 1)
-    new_budget = min(10, max(budget + 1, 2))
     body = (
         f"_FORMAT_EXAMPLE = {quote(ctx.spec.example())}\n\n\n"
         "def format_feedback(kind, detail, **context):\n"
@@ -42,12 +52,10 @@ def _build_format_feedback(ctx: RuleContext, f: Finding) -> tuple[str, str]:
         '        return lead + "Your last reply could not be read. " + _FORMAT_EXAMPLE\n'
         "    return text\n"
     )
-    code = append_block(code, body)
-    code = set_constant(code, "FORMAT_RETRY_BUDGET", new_budget)
+    code, budget = raise_retry_budget(append_block(code, body), "FORMAT_RETRY_BUDGET")
     change = (
         f"format_feedback now follows a malformed reply with the exact expected form "
-        f"({ctx.spec.example()!r}), and FORMAT_RETRY_BUDGET goes {budget} -> {new_budget} so "
-        "the model can use that feedback."
+        f"({ctx.spec.example()!r}), and {budget} so the model can use that feedback."
     )
     return code, change
 

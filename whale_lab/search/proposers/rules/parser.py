@@ -1,6 +1,9 @@
 """Parser rules: read the reply forms the model actually wrote, and clean tool arguments.
 
 Both wrap the parent's `parse_action`, so everything it already parses is parsed the same way.
+A cleaned tool call helps only if its result is read on a later turn, so the cleanup rule is not
+proposed on a parent with a single turn; the lenient parser acts on the reply it reads, whatever
+the limits.
 """
 
 from __future__ import annotations
@@ -8,8 +11,16 @@ from __future__ import annotations
 import re
 
 from whale_lab.search.codeedit import append_block, ensure_import, wrap_function
-from whale_lab.search.proposers.rules.common import Finding, Mechanism, RuleContext, short
+from whale_lab.search.proposers.rules.common import (
+    Finding,
+    Mechanism,
+    RuleContext,
+    short,
+    too_few_turns,
+)
 from whale_lab.search.trace_stats import cite
+
+_READ_RESULT_TURNS = 2  # the cleaned call, then a turn that reads its result
 
 
 def _parser_patterns(ctx: RuleContext) -> list[tuple[str, str, str, str]]:
@@ -209,6 +220,8 @@ def _build_lenient(ctx: RuleContext, f: Finding) -> tuple[str, str]:
 
 
 def _find_arg_cleanup(ctx: RuleContext) -> Finding | None:
+    if too_few_turns(ctx, _READ_RESULT_TURNS):
+        return None
     bad = []
     for i, args in enumerate(ctx.stats.tool_error_args):
         for v in args.values():

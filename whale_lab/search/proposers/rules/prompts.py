@@ -1,6 +1,8 @@
 """Prompt rules: paragraphs added to SYSTEM_PROMPT (format, tool use, turn limit, brevity).
 
-These are the only rules a prompt-only phase may propose.
+These are the only rules a prompt-only phase may propose. The tool-use procedure needs a turn
+to read a tool result, so it is not proposed on a single-turn parent, and it asks for a second
+search only where MAX_TURNS leaves a turn for one.
 """
 
 from __future__ import annotations
@@ -11,8 +13,12 @@ from whale_lab.search.proposers.rules.common import (
     Mechanism,
     RuleContext,
     add_to_system_prompt,
+    too_few_turns,
 )
 from whale_lab.search.trace_stats import cite
+
+_TOOL_TURNS = 2  # a tool call, then a turn that reads its result and answers
+_SECOND_SEARCH_TURNS = 3  # a search, a second search, then the answer
 
 
 def _find_format_prompt(ctx: RuleContext) -> Finding | None:
@@ -60,7 +66,7 @@ def _build_brevity(ctx: RuleContext, f: Finding) -> tuple[str, str]:
 
 
 def _find_tool_prompt(ctx: RuleContext) -> Finding | None:
-    if not ctx.spec.tool:
+    if not ctx.spec.tool or too_few_turns(ctx, _TOOL_TURNS):
         return None
     eps = ctx.stats.wrong_no_tool_eps if ctx.domain == "math" else ctx.stats.wrong_few_tools_eps
     if not eps:
@@ -80,11 +86,15 @@ def _build_tool_prompt(ctx: RuleContext, f: Finding) -> tuple[str, str]:
             f"then give the final answer as {ctx.spec.answer_form}."
         )
     else:
+        second = (
+            ""
+            if too_few_turns(ctx, _SECOND_SEARCH_TURNS)
+            else " If the passages mention another entity that the question depends on, search "
+            "for that entity too."
+        )
         text = (
-            f"Look things up before answering: search with {ctx.spec.tool_form}. If the "
-            "passages mention another entity that the question depends on, search for that "
-            f"entity too. Answer with {ctx.spec.answer_form}, using a name or phrase copied "
-            "from a passage."
+            f"Look things up before answering: search with {ctx.spec.tool_form}.{second} Answer "
+            f"with {ctx.spec.answer_form}, using a name or phrase copied from a passage."
         )
     return add_to_system_prompt(ctx.parent_code, text), (
         f"SYSTEM_PROMPT gains a short tool-use procedure: {text!r}"

@@ -2,22 +2,36 @@
 
 Each wraps the parent's `format_observation` (the evidence rule may also widen the search call
 in `parse_action`), so results the rule does not touch are shown as before.
+
+A tool result is shown on the turn after the call, so these rules need turns to act: more
+evidence needs 2 (the search, then a turn that reads it), readable tool errors 3 (the failed call,
+the retry, then a turn that reads the retry's result), a second search 3. The first two are not
+proposed below that; the second-search rule raises MAX_TURNS to 3 in the same edit, since the
+extra lookup is its idea.
 """
 
 from __future__ import annotations
 
-from whale_lab.search.codeedit import append_block, wrap_function
+from whale_lab.search.codeedit import append_block, set_constant, wrap_function
 from whale_lab.search.proposers.rules.common import (
     Finding,
     Mechanism,
     RuleContext,
+    parent_limit,
     quote,
     short,
+    too_few_turns,
 )
 from whale_lab.search.trace_stats import cite
 
+_READ_RESULT_TURNS = 2  # the call, then a turn that reads its result
+_RETRY_CALL_TURNS = 3  # the failed call, the retry, then a turn that reads the retry's result
+_SEARCH_AGAIN_TURNS = 3  # a search, a second search, then a turn that reads it and answers
+
 
 def _find_more_evidence(ctx: RuleContext) -> Finding | None:
+    if too_few_turns(ctx, _READ_RESULT_TURNS):
+        return None  # no search result is ever shown to the model
     st = ctx.stats
     asked = max(st.tool_topk) if st.tool_topk else None
     narrow = asked is not None and asked < 3
@@ -144,12 +158,21 @@ def _find_search_again(ctx: RuleContext) -> Finding | None:
     eps = ctx.stats.wrong_few_tools_eps
     if not eps:
         return None
+    turns = parent_limit(ctx.parent_code, "MAX_TURNS")
+    short_of_turns = turns is not None and turns < _SEARCH_AGAIN_TURNS
     ev = (
         f"{len(eps)} of {ctx.stats.episodes} episodes answered wrongly after at most one "
         f"search (mean {ctx.stats.tool_calls_total / max(1, ctx.stats.episodes):.1f} tool calls "
-        "per episode); two-hop questions need a second lookup."
+        "per episode); two-hop questions need a second lookup"
+        + (f", and MAX_TURNS={turns} leaves no turn for one." if short_of_turns else ".")
     )
-    return Finding(count=len(eps), total=ctx.stats.episodes, cited=tuple(cite(eps)), evidence=ev)
+    return Finding(
+        count=len(eps),
+        total=ctx.stats.episodes,
+        cited=tuple(cite(eps)),
+        evidence=ev,
+        params={"turns": turns, "raise_turns": short_of_turns},
+    )
 
 
 def _build_search_again(ctx: RuleContext, f: Finding) -> tuple[str, str]:
@@ -170,16 +193,28 @@ def _build_search_again(ctx: RuleContext, f: Finding) -> tuple[str, str]:
         "        return text\n"
         '    return str(text).rstrip() + "\\n\\n" + _SEARCH_AGAIN_HINT\n'
     )
-    return append_block(code, body), (
+    code = append_block(code, body)
+    change = (
         "format_observation appends, after each search result, a rule to search again for the "
-        "bridging entity when the passages do not state the answer (not on the last turn)."
+        "bridging entity when the passages do not state the answer (not on the last turn)"
     )
+    if f.params.get("raise_turns"):
+        # Below 3 turns the hint is never shown (turn 1 has no result, the last turn no hint).
+        code = set_constant(code, "MAX_TURNS", _SEARCH_AGAIN_TURNS)
+        change += (
+            f"; MAX_TURNS goes {f.params['turns']} -> {_SEARCH_AGAIN_TURNS}, so there is a turn "
+            "for the second search and one to answer from its result (with "
+            f"{f.params['turns']} turns the hint could never be shown)"
+        )
+    return code, change + "."
 
 
 def _find_tool_error_view(ctx: RuleContext) -> Finding | None:
     eps = ctx.stats.tool_error_eps
     if not eps or not ctx.spec.tool:
         return None
+    if too_few_turns(ctx, _RETRY_CALL_TURNS):
+        return None  # a fixed call's result would never be read before the turn cap
     details = [d for d in ctx.stats.tool_error_details if d.strip()]
     sample = short(details[0].strip().splitlines()[-1]) if details else ""
     ev = (

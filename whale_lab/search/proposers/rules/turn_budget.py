@@ -1,17 +1,29 @@
 """Episode-length rules: more turns with a final-turn stop rule, and a recent-context window.
 
 Both wrap the parent's `select_context`: one for episodes that end on the turn cap, the other
-for episodes whose prompt outgrows the model's context.
+for episodes whose prompt outgrows the model's context. The first raises MAX_TURNS itself (up to
+a per-domain cap). The window keeps the last 4 messages after the task, which drops nothing
+before turn 4, so it is not proposed on a parent whose MAX_TURNS ends every episode sooner.
 """
 
 from __future__ import annotations
 
 from whale_lab.search.codeedit import append_block, get_constant, set_constant, wrap_function
-from whale_lab.search.proposers.rules.common import Finding, Mechanism, RuleContext, quote
+from whale_lab.search.proposers.rules.common import (
+    Finding,
+    Mechanism,
+    RuleContext,
+    quote,
+    too_few_turns,
+)
 from whale_lab.search.trace_stats import cite
 
 _TURN_CAPS = {"chess": 18}
 _DEFAULT_TURN_CAP = 10
+_KEEP_RECENT = 4  # messages the context window keeps after the system message and the task
+# Turn t's prompt holds 2 * (t - 1) messages after the task (each reply and what answered it), so
+# the window first drops one on this turn.
+_WINDOW_MIN_TURNS = _KEEP_RECENT // 2 + 2
 
 
 def _find_turn_budget(ctx: RuleContext) -> Finding | None:
@@ -70,7 +82,7 @@ def _build_turn_budget(ctx: RuleContext, f: Finding) -> tuple[str, str]:
 
 def _find_context_window(ctx: RuleContext) -> Finding | None:
     eps = ctx.stats.context_cap_eps
-    if not eps:
+    if not eps or too_few_turns(ctx, _WINDOW_MIN_TURNS):
         return None
     ev = (
         f"{len(eps)} of {ctx.stats.episodes} episodes ended because the prompt no longer fit "
@@ -83,7 +95,7 @@ def _find_context_window(ctx: RuleContext) -> Finding | None:
 def _build_context_window(ctx: RuleContext, f: Finding) -> tuple[str, str]:
     code, prev = wrap_function(ctx.parent_code, "select_context", "full", ["messages"])
     body = (
-        "_KEEP_RECENT = 4\n\n\n"
+        f"_KEEP_RECENT = {_KEEP_RECENT}\n\n\n"
         "def select_context(messages, **context):\n"
         '    """System and first user message, then only the most recent exchanges."""\n'
         f"    msgs = list({prev})\n"
@@ -101,8 +113,9 @@ def _build_context_window(ctx: RuleContext, f: Finding) -> tuple[str, str]:
         "    return head + [note] + tail\n"
     )
     return append_block(code, body), (
-        "select_context keeps the system message, the task, and the last 4 messages, with a note "
-        "saying how many were dropped, so long episodes stay inside the context."
+        f"select_context keeps the system message, the task, and the last {_KEEP_RECENT} "
+        "messages, with a note saying how many were dropped, so long episodes stay inside the "
+        "context."
     )
 
 
