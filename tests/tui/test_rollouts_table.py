@@ -191,3 +191,28 @@ async def test_cells_drawn_from_kept_looks_equal_datatables_own_drawing() -> Non
             table._set_hover_cursor(True)
         await same()
     assert len(kept._kept_looks) < 9 * len(view.episodes)  # repeated cells drawn once
+
+
+async def test_a_smaller_window_keeps_the_cursor_row_in_sight() -> None:
+    """At 120x40 the cursor sits near the bottom of the window; shrunk to 80x24, the table
+    scrolls so that row is still drawn (DataTable alone scrolls only when the cursor moves)."""
+    from whale_lab.tui import render
+
+    view = RunView()
+    view.apply(RunStarted(run_id="r", domain="math", model="m", schedule="whale", harness="h0"))
+    for i in range(80):
+        view.apply(_episode(i))
+    app = PanelApp()
+    async with app.run_test(size=(120, 40)) as pilot:
+        table = app.query_one("#rollouts-table", RolloutsTable)
+        table.append_rows([render.episode_cells(row) for row in view.episodes])
+        table.move_cursor(row=60, animate=False)
+        await pilot.pause()
+        table.move_cursor(row=table.scroll_y + table.size.height - 3, animate=False)
+        await pilot.pause()
+        row = table.cursor_row
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        await pilot.pause()
+        drawn = "\n".join(s.text for s in table.render_lines(table.region.reset_offset))
+        assert f" {row + 1} " in drawn, (row, table.scroll_y, table.size)

@@ -9,6 +9,7 @@ from rich.segment import Segment
 from rich.style import Style
 from rich.syntax import Syntax
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult, RenderResult
 from textual.cache import LRUCache
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -159,6 +160,12 @@ class RolloutsTable(DataTable[Text]):
             self._kept_cells.clear()
             self._kept_lines.clear()
             self._kept_looks.clear()
+
+    def on_resize(self, event: events.Resize) -> None:
+        """A smaller window keeps the row under the cursor in sight (DataTable scrolls to the
+        cursor only when it moves, so after a shrink it could sit below the window's edge)."""
+        if self.row_count and self.cursor_type == "row":
+            self.call_after_refresh(self._scroll_cursor_into_view)
 
     def append_rows(self, rows: list[tuple[Text, ...]]) -> None:
         """Add rows and measure them now rather than when the table next idles.
