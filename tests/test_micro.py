@@ -315,6 +315,55 @@ def test_calibrate_runs_on_small_splits(capsys: pytest.CaptureFixture[str], tmp_
     assert set(rows["chess"]["move_mass"]) == {"h0", "strong"}
     assert all(0.0 < v <= 1.0 for v in rows["chess"]["move_mass"].values())
     assert rows["math"]["move_mass"] is None
+    # the harness lever is paired over the same two tasks, with its interval
+    for row in rows.values():
+        lever = row["paired"]["harness"]
+        assert lever["n_tasks"] == 2 and lever["method"] == "percentile bootstrap over tasks"
+        assert set(row["task_means"]) == {"h0", "strong"}
+        assert lever["diff"] == pytest.approx(
+            sum(row["task_means"]["strong"].values()) / 2 - sum(row["task_means"]["h0"].values()) / 2
+        )
+
+
+def test_calibration_levers_are_paired_with_intervals_and_the_interaction() -> None:
+    """Synthetic scores for the four arms: each lever is B minus A per task, the interaction is
+    the harness lever after RSFT minus before, and a lever whose interval includes zero is named
+    under the table with the size that would resolve it."""
+    from whale_lab.micro.calibrate import CalibrationRow, markdown_table, paired_levers
+
+    tasks = [f"t{i}" for i in range(40)]
+    h0 = {t: [0.0, 0.0] for t in tasks}
+    strong = {t: [1.0, 0.0] if i % 2 else [0.0, 0.0] for i, t in enumerate(tasks)}  # +25 points
+    rsft_h0 = {t: [1.0, 1.0] if i % 4 == 0 else [0.0, 0.0] for i, t in enumerate(tasks)}
+    rsft_strong = {t: [1.0, 1.0] if i % 4 == 0 else v for (i, t), v in
+                   zip(enumerate(tasks), strong.values(), strict=True)}
+    scores = {"h0": h0, "strong": strong, "rsft+h0": rsft_h0, "rsft+strong": rsft_strong}
+    paired = paired_levers(scores)
+    assert paired["harness"]["diff"] == pytest.approx(0.25)
+    assert paired["harness"]["excludes_zero"] and paired["harness"]["low"] > 0
+    assert paired["weight"]["diff"] == pytest.approx(0.25)
+    # after RSFT the harness adds only on tasks RSFT did not already solve: +25 on 30 of 40
+    expected_after = sum(
+        (sum(rsft_strong[t]) - sum(rsft_h0[t])) / 2 for t in tasks
+    ) / len(tasks)
+    assert paired["harness after RSFT"]["diff"] == pytest.approx(expected_after)
+    inter = paired["interaction"]["interaction"]
+    assert inter["diff"] == pytest.approx(expected_after - 0.25)
+    assert paired["interaction"]["n_tasks"] == 40
+
+    row = CalibrationRow(domain="math", n_tasks=40, k=2, h0=0.0, strong=0.25, rsft_h0=0.25,
+                         rsft_strong=0.25 + expected_after, paired=paired)
+    table = markdown_table([row])
+    line = next(ln for ln in table.splitlines() if ln.startswith("| math"))
+    cells = [c.strip() for c in line.split("|")[1:-1]]
+    assert cells[4].startswith("+25.0 [") and cells[6].startswith("+25.0 [")
+    assert cells[9].startswith(f"{100 * inter['diff']:+.1f} [")
+    # the interaction's interval includes zero here: said so, with the size that would resolve it
+    assert any(
+        ln.startswith("- math, interaction:") and "no difference detected at this size" in ln
+        for ln in table.splitlines()
+    )
+    assert not any(ln.startswith("- math, harness:") for ln in table.splitlines())
 
 
 # ------------------------------------------------------------------ smollm2-135m

@@ -43,7 +43,13 @@ def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="a domain to measure (repeatable; default: all three)",
     )
-    p.add_argument("--tasks", type=int, default=32, help="val tasks per domain (default 32)")
+    p.add_argument(
+        "--tasks",
+        type=int,
+        default=128,
+        help="val tasks per domain (default 128: a paired lever of about 10 points needs this many "
+        "to exclude zero on the micro model)",
+    )
     p.add_argument("--k", type=int, default=8, help="samples per task (default 8)")
     p.add_argument(
         "--rsft-epochs",

@@ -5,7 +5,10 @@ each built-in domain, val mean@k under the base harness h0 and under a stronger 
 harness (`harnesses/<domain>/calibration_strong.py`) with the weights fixed; with
 `--rsft-epochs E` it then runs online RSFT under h0 for E epochs of the weight split (the
 project's own `RsftPhase`, LoRA, weights updated in place) and measures both harnesses again. The
-command prints a Markdown table for the README. The targets (issue "embedded default"): h0
+command prints a Markdown table for the README. Every lever is a paired comparison (the same
+val tasks and per-episode seeds in both arms, `whale_lab.paired`): the difference with its 95%
+bootstrap interval over tasks, and, after RSFT, the interaction (the harness's gain after the
+weight update minus its gain before) with its own. The targets (issue "embedded default"): h0
 between 5% and 40%; search harness-limited (strong - h0 >= 15 points, more than RSFT adds); math
 weight-limited (RSFT adds >= 15 points, the harness alone < 5); chess: both levers help. On
 chess, with an in-process (hf) backend, it also reports the listed-move mass (`move_mass.py`):
@@ -18,7 +21,7 @@ from __future__ import annotations
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +47,34 @@ class CalibrationRow:
     diagnostics: dict[str, dict[str, float]] | None = None
     # chess: probability on the listed legal moves after "<move>", per measurement label
     move_mass: dict[str, float] | None = None
+    # per measurement label ("h0", "strong", "rsft+h0", "rsft+strong"): task id -> mean reward
+    task_means: dict[str, dict[str, float]] = field(default_factory=dict)
+    # lever name -> PairedResult.to_dict(); "interaction": InteractionEffect.to_dict()
+    paired: dict[str, Any] = field(default_factory=dict)
+
+
+#: The levers a row reports: (name, arm A, arm B), each B minus A on the same tasks.
+LEVERS = (
+    ("harness", "h0", "strong"),
+    ("weight", "h0", "rsft+h0"),
+    ("harness after RSFT", "rsft+h0", "rsft+strong"),
+)
+
+
+def paired_levers(scores: dict[str, dict[str, list[float | None]]]) -> dict[str, Any]:
+    """Each lever whose two arms were measured, paired over tasks, and the interaction when all
+    four were (the harness's gain after RSFT minus its gain before)."""
+    from whale_lab.paired import interaction_effect, paired_difference
+
+    out: dict[str, Any] = {}
+    for name, a, b in LEVERS:
+        if a in scores and b in scores:
+            out[name] = paired_difference(scores[a], scores[b]).to_dict()
+    if all(label in scores for label in ("h0", "strong", "rsft+h0", "rsft+strong")):
+        out["interaction"] = interaction_effect(
+            scores["h0"], scores["strong"], scores["rsft+h0"], scores["rsft+strong"]
+        ).to_dict()
+    return out
 
 
 def harness_paths(domain: str) -> tuple[Path, Path]:
@@ -87,6 +118,7 @@ def calibrate_domain(
     evaluator = Evaluator.from_config(cfg, backend, domain)
     val = domain.tasks("val")
     diagnostics: dict[str, dict[str, float]] = {}
+    scores: dict[str, dict[str, list[float | None]]] = {}
     move_mass: dict[str, float] = {}
 
     def mass(path: Path, label: str) -> None:
@@ -100,7 +132,10 @@ def calibrate_domain(
         log(f"  {domain_name:6s} {label:13s} {m.summary()}")
 
     def score(path: Path, label: str) -> float:
-        report = evaluator.score(path, val, k, params)
+        from whale_lab.paired import scores_by_task
+
+        report = evaluator.score(path, val, k, params)  # the same seeds for every arm: paired
+        scores[label] = scores_by_task(report.traces)
         diagnostics[label] = {
             key: round(float(v), 4)
             for key, v in report.diagnostics.items()
@@ -143,6 +178,10 @@ def calibrate_domain(
         domain.close()
     row.seconds = time.perf_counter() - t0
     row.diagnostics = diagnostics
+    from whale_lab.paired import task_means
+
+    row.task_means = {label: task_means(s) for label, s in scores.items()}
+    row.paired = paired_levers(scores)
     row.move_mass = move_mass or None
     return row
 
@@ -151,24 +190,50 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}"
 
 
-def _delta(a: float | None, b: float | None) -> str:
-    if a is None or b is None:
+def _lever(result: dict[str, Any] | None) -> str:
+    """A paired difference in points with its interval: `+18.6 [+12.0, +25.1]`."""
+    if not result:
         return "-"
-    return f"{100 * (a - b):+.1f}"
+    low, high = result.get("low"), result.get("high")
+    bounds = (
+        f" [{100 * low:+.1f}, {100 * high:+.1f}]" if low is not None and high is not None else ""
+    )
+    return f"{100 * result['diff']:+.1f}{bounds}"
 
 
 def markdown_table(rows: Sequence[CalibrationRow]) -> str:
-    """The README table: mean@k in percent per domain, harness and weight levers."""
+    """The README table: mean@k in percent per domain; each lever a paired difference in points
+    with its 95% interval over tasks; under it, a line per lever whose interval includes zero."""
     k = rows[0].k if rows else 8
     head = (
         f"| domain | tasks | h0 mean@{k} | strong harness | harness lever | RSFT + h0 | "
-        f"weight lever | RSFT + strong |\n|---|---|---|---|---|---|---|---|"
+        f"weight lever | RSFT + strong | harness lever after RSFT | interaction |\n"
+        "|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
+    notes: list[str] = []
     for r in rows:
+        inter = r.paired.get("interaction", {}).get("interaction")
         lines.append(
             f"| {r.domain} | {r.n_tasks} | {_pct(r.h0)} | {_pct(r.strong)} | "
-            f"{_delta(r.strong, r.h0)} | {_pct(r.rsft_h0)} | {_delta(r.rsft_h0, r.h0)} | "
-            f"{_pct(r.rsft_strong)} |"
+            f"{_lever(r.paired.get('harness'))} | {_pct(r.rsft_h0)} | "
+            f"{_lever(r.paired.get('weight'))} | {_pct(r.rsft_strong)} | "
+            f"{_lever(r.paired.get('harness after RSFT'))} | {_lever(inter)} |"
         )
+        named = [(name, r.paired.get(name)) for name, _, _ in LEVERS]
+        for name, result in [*named, ("interaction", inter)]:
+            if result and not result.get("excludes_zero"):
+                need = result.get("needed_tasks")
+                size = f"; about {need} tasks would resolve a difference this size" if need else ""
+                notes.append(
+                    f"- {r.domain}, {name}: {_lever(result)} on {result['n_tasks']} tasks, "
+                    f"no difference detected at this size{size}"
+                )
+    if rows:
+        lines.append("")
+        lines.append(
+            "Levers: B minus A in points on the same val tasks and seeds, 95% percentile "
+            "bootstrap interval over tasks; interaction: the harness lever after RSFT minus before."
+        )
+        lines.extend(notes)
     return "\n".join(lines)
