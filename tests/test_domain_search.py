@@ -422,6 +422,11 @@ def test_search_h0_imports_and_parses(domain: SearchDomain) -> None:
         ],
     }
     shown = h0.format_observation(obs, turn_count=1, max_turns=2)
-    assert "w11" in shown and "w12" not in shown and "second" not in shown
+    # one passage, whole while it is short (the paper's h0 cuts at about 200 tokens)
+    assert "w29" in shown and "..." not in shown and "second" not in shown
+    long = {"query": "q", "passages": [{"id": "1", "title": "T", "score": 2.0,
+                                        "text": " ".join(f"w{i}" for i in range(400))}]}
+    cut = h0.format_observation(long, turn_count=1, max_turns=2)
+    assert "w149" in cut and "w150" not in cut and cut.endswith("...</information>")
     assert "No results" in h0.format_observation({"query": "q", "passages": []})
     assert h0.format_observation(None) == ""

@@ -1,7 +1,7 @@
 """A stronger search harness, used to measure how much the harness alone can add (calibration).
 
 Against h0 it changes the surfaces that decide what the model can read: three passages instead of
-one, shown whole instead of cut to a dozen words, four turns instead of two (a two-hop question
+one, each shown whole, four turns instead of two (a two-hop question
 needs two searches and an answer), and a system prompt that states the format and asks for an
 answer copied from the passages.
 """

@@ -1,8 +1,9 @@
 """Base search harness h0: deliberately weak, as in the paper.
 
 It asks for <search>query</search> or <answer>...</answer>, forwards the query with topk 1, shows
-only that one passage cut to its first dozen words, and allows two turns, so a two-hop question
-cannot be finished.
+only that one passage, cut at about 200 tokens as the paper's h0 cuts it (150 words: the built-in
+encyclopedia's passages, 6 to 20 words, show whole), and allows two turns, so a two-hop question
+cannot be finished. Its weaknesses are the paper's: one passage, two turns, no system prompt.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ USER_PROMPT = (
     "Question: {question}"
 )
 MAX_TURNS = 2
-SHOWN_WORDS = 12
+SHOWN_WORDS = 150  # about 200 tokens of English prose
 
 
 def format_observation(observation: object, **context: object) -> str:
