@@ -310,7 +310,8 @@ def test_prompt_only_violation_is_invalid_with_reason(tmp_path: Path, backend) -
     phase.run(H0_PATH, iterations=2)
     bad, good = phase.archive.record("c001"), phase.archive.record("c002")
     assert bad.status == "invalid" and bad.validation["stage"] == "prompt_only"
-    assert "`MAX_TURNS` (line 17) differs" in bad.status_reason
+    line = next(i for i, ln in enumerate(H0.splitlines(), 1) if ln.startswith("MAX_TURNS ="))
+    assert f"`MAX_TURNS` (line {line}) differs" in bad.status_reason
     assert good.status in ("evaluated", "accepted") and good.surface == "prompts"
     assert "prompt-only mode" in (phase.archive.root / "summary.md").read_text()
     phase.store.close()
