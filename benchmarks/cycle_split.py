@@ -235,26 +235,15 @@ def run_cycle(overrides: list[str], folder: Path, *, app: bool = False,
     }
 
 
-def _app_cycle(cfg: Any, root: Path, ends: list[Any], profile: Any,
-               cycles: int = 1) -> tuple[Any, float]:
-    """The cycle in the app: `App.run_test` at 120x40 until the engine worker has finished."""
+def drive_app(app: Any, size: tuple[int, int], profile: Any = None) -> float:
+    """Run `app` under Textual's `run_test` at `size` until its engine worker has finished; the
+    CPU seconds of the UI thread (this one) meanwhile. `profile`: a cProfile.Profile to enable."""
     import asyncio
-
-    from whale_lab.tui.app import WhaleLabApp
-
-    stores: list[Any] = []
-
-    def factory(cfg_: Any, run_dir: Any, reviewer: Any, commands: Any) -> tuple[Any, Any]:
-        engine, store = _engine_until_cycle(cfg_, root, commands, ends, cycles)
-        stores.append(store)
-        return engine, store
-
-    app = WhaleLabApp(cfg, engine_factory=factory)
 
     async def drive() -> None:
         # Poll with a plain sleep: `pilot.pause` waits for every widget to drain its queue
         # (a callback posted to each), UI work a person's app never does.
-        async with app.run_test(size=(120, 40)):
+        async with app.run_test(size=size):
             while not app._engine_started or app.engine_running:
                 await asyncio.sleep(0.5)
             if app.engine_error:
@@ -268,7 +257,25 @@ def _app_cycle(cfg: Any, root: Path, ends: list[Any], profile: Any,
     finally:
         if profile is not None:
             profile.disable()
-    return stores[-1], time.thread_time() - ui0
+    return time.thread_time() - ui0
+
+
+def _app_cycle(cfg: Any, root: Path, ends: list[Any], profile: Any,
+               cycles: int = 1) -> tuple[Any, float]:
+    """The cycle in the app: `App.run_test` at 120x40 until the engine worker has finished."""
+
+    from whale_lab.tui.app import WhaleLabApp
+
+    stores: list[Any] = []
+
+    def factory(cfg_: Any, run_dir: Any, reviewer: Any, commands: Any) -> tuple[Any, Any]:
+        engine, store = _engine_until_cycle(cfg_, root, commands, ends, cycles)
+        stores.append(store)
+        return engine, store
+
+    app = WhaleLabApp(cfg, engine_factory=factory)
+    ui = drive_app(app, (120, 40), profile)
+    return stores[-1], ui
 
 
 def _from_events(root: Path, last: int = 1) -> dict[str, Any]:

@@ -20,7 +20,6 @@ The recording uses the same short cycle as the README's `cycle_split.py --app` c
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import shutil
 import sys
@@ -32,6 +31,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cycle_split  # noqa: E402  (benchmarks/ is not a package)
 
 SHORT_CYCLE = (
     "domain.splits.val=8", "domain.splits.test=8", "domain.splits.harness=8", "sampling.k=2",
@@ -41,8 +41,6 @@ SHORT_CYCLE = (
 
 def record(overrides: list[str], folder: Path) -> Path:
     """One headless cycle (as `cycle_split.py` runs it); the run folder it wrote."""
-    import cycle_split  # benchmarks/ is not a package
-
     result = cycle_split.run_cycle(overrides, folder)
     if not result["completed_cycle"]:
         raise SystemExit("ui_replay: the recorded run ended before cycle 1 was over")
@@ -94,23 +92,9 @@ def replay_round(source: Path, folder: Path, size: tuple[int, int], speed: float
         return engines[-1], store
 
     app = WhaleLabApp(cfg, engine_factory=factory)
-
-    async def drive() -> None:
-        async with app.run_test(size=size):
-            while not app._engine_started or app.engine_running:
-                await asyncio.sleep(0.5)
-            if app.engine_error:
-                raise RuntimeError(f"the replay failed in the app: {app.engine_error}")
-
-    wall0, ui0 = time.perf_counter(), time.thread_time()
-    if profile is not None:
-        profile.enable()
-    try:
-        asyncio.run(drive())
-    finally:
-        if profile is not None:
-            profile.disable()
-    wall, ui = time.perf_counter() - wall0, time.thread_time() - ui0
+    wall0 = time.perf_counter()
+    ui = cycle_split.drive_app(app, size, profile)
+    wall = time.perf_counter() - wall0
     return {
         "wall_s": wall,
         "ui_cpu_s": ui,
