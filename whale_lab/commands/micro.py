@@ -59,6 +59,12 @@ def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
         "measure again (default 0: harness lever only)",
     )
     p.add_argument(
+        "--held-out",
+        action="store_true",
+        help="score h0 and the stronger harness in formats pre-training never drew (tags, "
+        "wording, passage and feedback formats; math and search); RSFT still trains under h0",
+    )
+    p.add_argument(
         "--json",
         dest="json_out",
         default=None,
@@ -84,6 +90,18 @@ def run_calibrate(cfg: Config, args: argparse.Namespace) -> int:
         )
         return 2
     domains = list(dict.fromkeys(args.domains or DOMAINS))
+    held_out = getattr(args, "held_out", False)
+    if held_out:
+        from whale_lab.micro.styles import HELD_OUT
+
+        missing = [d for d in domains if d not in HELD_OUT]
+        if missing:
+            print(
+                f"whale-lab: error: --held-out has formats for {', '.join(sorted(HELD_OUT))}, "
+                f"not {', '.join(missing)}: pass --domain for each",
+                file=sys.stderr,
+            )
+            return 2
     rows: list[CalibrationRow] = []
 
     def log(msg: str) -> None:
@@ -96,7 +114,13 @@ def run_calibrate(cfg: Config, args: argparse.Namespace) -> int:
     for d in domains:
         rows.append(
             calibrate_domain(
-                d, cfg=cfg, tasks=args.tasks, k=args.k, rsft_epochs=args.rsft_epochs, log=log
+                d,
+                cfg=cfg,
+                tasks=args.tasks,
+                k=args.k,
+                rsft_epochs=args.rsft_epochs,
+                held_out=held_out,
+                log=log,
             )
         )
     print(markdown_table(rows))

@@ -39,6 +39,7 @@ class CalibrationRow:
     k: int
     h0: float
     strong: float
+    formats: str = "trained"  # "held-out": both harnesses in formats pre-training never drew
     rsft_h0: float | None = None
     rsft_strong: float | None = None
     rsft_epochs: float = 0.0
@@ -94,9 +95,14 @@ def calibrate_domain(
     tasks: int,
     k: int,
     rsft_epochs: float = 0.0,
+    held_out: bool = False,
     log: Callable[[str], None] = print,
 ) -> CalibrationRow:
-    """Measure one domain: h0 and strong on val, then (optionally) RSFT under h0 and both again."""
+    """Measure one domain: h0 and strong on val, then (optionally) RSFT under h0 and both again.
+
+    `held_out`: h0 and strong are scored in the formats pre-training never drew
+    (`styles.held_out_harness`); RSFT still trains under the shipped h0, so the weight lever there
+    says how far what RSFT taught carries to formats the model was not taught."""
     from whale_lab.backends import make_backend
     from whale_lab.config import SplitSizes
     from whale_lab.context import Evaluator, RunContext
@@ -105,6 +111,15 @@ def calibrate_domain(
 
     t0 = time.perf_counter()
     h0_path, strong_path = harness_paths(domain_name)
+    train_path = h0_path  # RSFT always trains under the shipped h0
+    scratch = tempfile.TemporaryDirectory(prefix="whale-calibrate-held-out-")
+    if held_out:
+        from whale_lab.micro.styles import held_out_harness
+
+        h0_path = Path(scratch.name) / "h0_held_out.py"
+        strong_path = Path(scratch.name) / "strong_held_out.py"
+        h0_path.write_text(held_out_harness(domain_name, strong=False), encoding="utf-8")
+        strong_path.write_text(held_out_harness(domain_name, strong=True), encoding="utf-8")
     splits = replace(cfg.domain.splits, val=tasks)
     if not isinstance(splits, SplitSizes):  # pragma: no cover - defensive
         raise TypeError("domain.splits")
@@ -155,6 +170,7 @@ def calibrate_domain(
             k=k,
             h0=score(h0_path, "h0"),
             strong=score(strong_path, "strong"),
+            formats="held-out" if held_out else "trained",
         )
         if rsft_epochs > 0:
             from whale_lab.store import RunStore
@@ -163,7 +179,7 @@ def calibrate_domain(
             with tempfile.TemporaryDirectory(prefix="whale-calibrate-") as tmp:
                 store = RunStore.create(tmp, f"calibrate-{domain_name}")
                 phase = RsftPhase(RunContext.of(cfg, backend, domain, store, lambda event: None))
-                result = phase.run(h0_path, epochs=rsft_epochs)
+                result = phase.run(train_path, epochs=rsft_epochs)
                 store.close()
             row.rsft_epochs = rsft_epochs
             row.rsft_rollouts = int(result.rollouts)
@@ -176,6 +192,7 @@ def calibrate_domain(
     finally:
         backend.close()
         domain.close()
+        scratch.cleanup()
     row.seconds = time.perf_counter() - t0
     row.diagnostics = diagnostics
     from whale_lab.paired import task_means
@@ -214,8 +231,9 @@ def markdown_table(rows: Sequence[CalibrationRow]) -> str:
     notes: list[str] = []
     for r in rows:
         inter = r.paired.get("interaction", {}).get("interaction")
+        name = r.domain if r.formats == "trained" else f"{r.domain} (held-out formats)"
         lines.append(
-            f"| {r.domain} | {r.n_tasks} | {_pct(r.h0)} | {_pct(r.strong)} | "
+            f"| {name} | {r.n_tasks} | {_pct(r.h0)} | {_pct(r.strong)} | "
             f"{_lever(r.paired.get('harness'))} | {_pct(r.rsft_h0)} | "
             f"{_lever(r.paired.get('weight'))} | {_pct(r.rsft_strong)} | "
             f"{_lever(r.paired.get('harness after RSFT'))} | {_lever(inter)} |"

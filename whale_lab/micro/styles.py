@@ -10,6 +10,15 @@ A style also tells the reference policy how to write its actions (which tags the
 and what the observation made visible, so that the policy's competence follows the harness in the
 way a real model's does: an answer hidden by truncation cannot be copied, a mate marked `#` is easy
 to spot, a bare list of squares is not.
+
+The mix favours no harness: every prompt wording, tag format, observation and passage format,
+feedback message and legal-move layout in the lists below is drawn with equal weight (so no
+proposer mechanism's output format is taught more than any other), and the base harness h0 is
+drawn whole at a documented share per domain (`h0_share`) because it is where every run starts.
+Turn limits, passage counts and retry budgets keep their stated mixes: they are limits, not
+formats. `HELD_OUT` holds one format per surface that is never drawn here; `held_out_harness`
+renders h0 and the stronger calibration harness in them, so calibration can measure a lever on
+formats the model was never taught (`whale-lab micro calibrate --held-out`).
 """
 
 from __future__ import annotations
@@ -59,8 +68,21 @@ def h0_source(domain: str) -> str:
     return path.read_text(encoding="utf-8")
 
 
+def h0_constant(domain: str, name: str) -> Any:
+    """A literal constant of the shipped h0 (read with `ast`, never run), so the facts a style
+    gives the reference policy follow the file rather than a copy of it."""
+    import ast
+
+    for node in ast.parse(h0_source(domain)).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == name for t in node.targets
+        ):
+            return ast.literal_eval(node.value)
+    raise KeyError(f"harnesses/{domain}/h0.py has no constant {name}")
+
+
 FEEDBACKS = [
-    ("{detail}", 4.0),
+    ("{detail}", 1.0),
     ("Error: {detail}", 1.0),
     ("Your reply could not be used: {detail} Try again.", 1.0),
     ("Invalid reply. {detail}", 1.0),
@@ -71,7 +93,7 @@ FEEDBACKS = [
 # ====================================================================== search
 
 SEARCH_TAGS = [
-    (("<search>", "</search>", "<answer>", "</answer>"), 6.0),
+    (("<search>", "</search>", "<answer>", "</answer>"), 1.0),
     (("<query>", "</query>", "<answer>", "</answer>"), 1.0),
     (("Search[", "]", "Answer[", "]"), 1.0),
     (("[SEARCH] ", " [/SEARCH]", "[ANSWER] ", " [/ANSWER]"), 1.0),
@@ -80,7 +102,7 @@ SEARCH_USER = [
     (
         "Answer the question. To search, write {so}your query{sc}. "
         "When you know the answer, write {ao}the answer{ac}.\nQuestion: {{question}}",
-        4.0,
+        1.0,
     ),
     ("Question: {{question}}\nSearch with {so}query{sc}, answer with {ao}answer{ac}.", 1.0),
     (
@@ -96,7 +118,7 @@ SEARCH_USER = [
     ),
 ]
 SEARCH_SYSTEM = [
-    ("", 4.0),
+    ("", 1.0),
     (
         "You answer questions about a fictional world. You know nothing about it, so search "
         "first: write {so}query{sc}. Give the final answer as {ao}answer{ac}, copied from the "
@@ -110,13 +132,13 @@ SEARCH_SYSTEM = [
     ),
 ]
 PASSAGE_FORMATS = [
-    ("{title}: {text}", 3.0),
-    ("[{i}] {title}: {text}", 2.0),
-    ("Doc {i} (Title: {title}) {text}", 2.0),
+    ("{title}: {text}", 1.0),
+    ("[{i}] {title}: {text}", 1.0),
+    ("Doc {i} (Title: {title}) {text}", 1.0),
     ("{title}\n{text}", 1.0),
 ]
 OBS_WRAPS = [
-    ("<information>{body}</information>", 3.0),
+    ("<information>{body}</information>", 1.0),
     ('Results for "{query}":\n{body}', 1.0),
     ("{body}", 1.0),
     ("<results>\n{body}\n</results>", 1.0),
@@ -178,7 +200,7 @@ def search_style(rng: random.Random, *, h0_share: float = 0.25) -> Style:
                 "tags": ("<search>", "</search>", "<answer>", "</answer>"),
                 "max_turns": 2,
                 "topk": 1,
-                "shown_words": 12,
+                "shown_words": h0_constant("search", "SHOWN_WORDS"),
                 "format_budget": 1,
             },
         )
@@ -223,33 +245,33 @@ def search_style(rng: random.Random, *, h0_share: float = 0.25) -> Style:
 # ====================================================================== math
 
 MATH_CALLS = [
-    (("<python>\n", "\n</python>"), 6.0),
-    (("```python\n", "\n```"), 2.0),
+    (("<python>\n", "\n</python>"), 1.0),
+    (("```python\n", "\n```"), 1.0),
     (("<code>\n", "\n</code>"), 1.0),
 ]
 MATH_ANSWERS = [
-    (("\\boxed{", "}"), 7.0),
+    (("\\boxed{", "}"), 1.0),
     (("<answer>", "</answer>"), 1.0),
 ]
 MATH_USER = [
-    ("{{question}}\nPut your final answer in \\boxed{{{{}}}}.", 5.0),
-    ("{{question}}", 2.0),
+    ("{{question}}\nPut your final answer in \\boxed{{{{}}}}.", 1.0),
+    ("{{question}}", 1.0),
     ("Problem: {{question}}\nWrite {co}code{cc} to compute, then give {ao}answer{ac}.", 1.0),
     ("Solve this word problem.\n\n{{question}}\n\nFinal answer format: {ao}number{ac}", 1.0),
     ("{{question}}\nYou may run Python with {co}code{cc}. End with {ao}answer{ac}.", 1.0),
 ]
 MATH_SYSTEM = [
-    ("", 5.0),
+    ("", 1.0),
     (
         "You solve math word problems. You can run Python: write {co}code{cc} and you will see "
         "what it prints. Give the final answer as {ao}number{ac}.",
-        2.0,
+        1.0,
     ),
     ("Compute with Python ({co}...{cc}), then answer with {ao}...{ac}.", 1.0),
 ]
 MATH_OBS = [
-    ("readable", 4.0),  # the default rendering of the tool result, as h0 shows it
-    ("output", 2.0),
+    ("readable", 1.0),  # the default rendering of the tool result, as h0 shows it
+    ("output", 1.0),
     ("tagged", 1.0),
     ("terse", 1.0),
 ]
@@ -373,7 +395,7 @@ def math_style(rng: random.Random, *, h0_share: float = 0.35) -> Style:
 # ====================================================================== chess
 
 CHESS_MOVES = [
-    (("<move>", "</move>"), 7.0),
+    (("<move>", "</move>"), 1.0),
     (("Move: ", ""), 1.0),
     (("[[", "]]"), 1.0),
 ]
@@ -381,29 +403,29 @@ CHESS_SYSTEM = [
     (
         "You are solving a chess puzzle. Reply with exactly one move in UCI notation "
         "inside {mo}{mc} tags.",
-        3.0,
+        1.0,
     ),
-    ("", 2.0),
+    ("", 1.0),
     (
         "You play chess puzzles. Each turn, choose one legal move and write it in UCI as "
         "{mo}e2e4{mc}. A move marked # gives checkmate; x captures; + gives check.",
-        2.0,
+        1.0,
     ),
 ]
 CHESS_USER = [
     (
         "Find the best move in this chess puzzle.\n\n{{observation}}\n\n"
         "Answer with one move as {mo}uci{mc}, for example {mo}e2e4{mc}.",
-        4.0,
+        1.0,
     ),
     ("{{observation}}\nYour move ({mo}uci{mc}):", 1.0),
     ("Puzzle: you play {{side_to_move}}.\n{{observation}}\nReply {mo}move{mc}.", 1.0),
     ("{{observation}}\n\nPick the move that wins. Write it as {mo}uci{mc}.", 1.0),
 ]
 CHESS_LAYOUTS = [
-    ("raw", 3.0),  # the verifier's observation as is (h0)
-    ("annotated", 3.0),  # legal moves with capture, check and mate notes
-    ("san_list", 2.0),  # one line: uci (san) pairs
+    ("raw", 1.0),  # the verifier's observation as is (h0)
+    ("annotated", 1.0),  # legal moves with capture, check and mate notes
+    ("san_list", 1.0),  # one line: uci (san) pairs
     ("board_san", 1.0),  # board + SAN list, no FEN
     ("uci_only", 1.0),  # FEN + bare UCI list: hard to read
 ]
@@ -577,6 +599,86 @@ def chess_style(rng: random.Random, *, h0_share: float = 0.3) -> Style:
 
 
 STYLE_MAKERS = {"math": math_style, "search": search_style, "chess": chess_style}
+
+
+# ====================================================================== held out
+
+#: One format per surface that pre-training never draws (none of them is in the lists above), for
+#: calibration on formats the model was not taught. Chess keeps its trained formats for now: its
+#: harness lever is measured through the legal-move layout, which is a format of its own.
+HELD_OUT: dict[str, dict[str, Any]] = {
+    "search": {
+        "tags": ("<lookup>", "</lookup>", "<final>", "</final>"),
+        "user": "Look up what you need with {so}terms{sc}, then reply {ao}answer{ac}.\n"
+        "Question: {{question}}",
+        "system": "This world is made up and unknown to you: look it up with {so}terms{sc} "
+        "before you answer, and reply {ao}answer{ac} in words taken from the results.",
+        "passage": "* {title} -- {text}",
+        "wrap": "<docs>\n{body}\n</docs>",
+        "feedback": "Not understood ({detail}). Reply again.",
+    },
+    "math": {
+        "call": ("<run>\n", "\n</run>"),
+        "answer": ("<final>", "</final>"),
+        "user": "{{question}}\nRun Python inside {co}...{cc} if it helps; put the number in "
+        "{ao}...{ac}.",
+        "system": "Work the number out with Python ({co}code{cc}; you see what it prints) and "
+        "reply {ao}number{ac}.",
+        "feedback": "Not understood ({detail}). Reply again.",
+    },
+}
+
+
+def held_out_harness(domain: str, *, strong: bool) -> str:
+    """h0 (or, `strong`, the stronger calibration harness) with every format swapped for the
+    held-out one and every limit kept: one passage cut as h0 cuts it and two turns, or three whole
+    passages, four turns and a system prompt (search); two turns and h0's view, or four turns, a
+    plain output view, two format retries and a system prompt (math)."""
+    if domain not in HELD_OUT:
+        raise ValueError(f"no held-out formats for {domain!r}; they exist for {sorted(HELD_OUT)}")
+    ho = HELD_OUT[domain]
+    if domain == "search":
+        so, sc, ao, ac = ho["tags"]
+        fmt = {"so": so, "sc": sc, "ao": ao, "ac": ac}
+        values: dict[str, Any] = {
+            "SYSTEM_PROMPT": ho["system"].format(**fmt) if strong else "",
+            "USER_PROMPT": ho["user"].format(**fmt),
+            "MAX_TURNS": 4 if strong else h0_constant("search", "MAX_TURNS"),
+            "FORMAT_RETRY_BUDGET": 1,
+            "TOPK": 3 if strong else 1,
+            "SHOWN_PASSAGES": 3 if strong else 1,
+            "SHOWN_WORDS": 0 if strong else h0_constant("search", "SHOWN_WORDS"),
+            "PASSAGE_FORMAT": ho["passage"],
+            "PASSAGE_JOIN": "\n",
+            "OBS_WRAP": ho["wrap"],
+            "NO_RESULTS": "No results.",
+            "SEARCH_OPEN": so,
+            "SEARCH_CLOSE": sc,
+            "ANSWER_OPEN": ao,
+            "ANSWER_CLOSE": ac,
+            "FEEDBACK": ho["feedback"],
+        }
+        body = SEARCH_BODY
+    else:
+        (co, cc), (ao, ac) = ho["call"], ho["answer"]
+        fmt = {"co": co.strip(), "cc": cc.strip(), "ao": ao, "ac": ac}
+        values = {
+            "SYSTEM_PROMPT": ho["system"].format(**fmt) if strong else "",
+            "USER_PROMPT": ho["user"].format(**fmt),
+            "MAX_TURNS": 4 if strong else h0_constant("math", "MAX_TURNS"),
+            "FORMAT_RETRY_BUDGET": 2 if strong else 1,
+            "OBS_LAYOUT": "output" if strong else "readable",
+            "OUTPUT_CHARS": 0,
+            "CODE_OPEN": co,
+            "CODE_CLOSE": cc,
+            "ANSWER_OPEN": ao,
+            "ANSWER_CLOSE": ac,
+            "FEEDBACK": ho["feedback"],
+        }
+        body = MATH_BODY
+    kind = "stronger calibration harness" if strong else "base harness h0"
+    doc = f'"""The {kind} in formats pre-training never used (calibration)."""\n\n'
+    return doc + _constants(values) + "\n" + body
 
 
 def sample_style(domain: str, rng: random.Random) -> Style:
