@@ -22,11 +22,8 @@ FORMAT_LISTS = (
 def _held_out_strings(domain: str) -> list[str]:
     ho = S.HELD_OUT[domain]
     out = [ho["feedback"].split("{")[0], ho["user"].split("{")[0], ho["system"].split("{")[0]]
-    if domain == "search":
-        out += [ho["tags"][0], ho["tags"][2], ho["passage"].split("{")[0] + "{title} --",
-                ho["wrap"].split("\n")[0]]
-    else:
-        out += [ho["call"][0].strip(), ho["answer"][0]]
+    if domain == "search":  # the action tags are h0's on purpose: only what is read is held out
+        out += [ho["passage"].split("{")[0] + "{title} --", ho["wrap"].split("\n")[0]]
     return [x for x in out if x.strip()]
 
 
@@ -91,7 +88,7 @@ def test_held_out_harnesses_keep_the_limits_and_use_the_held_out_tags(
             "arguments": {"query": "Zukev crops", "topk": module.TOPK},
         }
         assert module.parse_action(f"{ao}hops{ac}") == {"type": "answer", "content": "hops"}
-        assert module.parse_action("<search>old tags</search>") is None
+        assert (so, sc, ao, ac) == ("<search>", "</search>", "<answer>", "</answer>")  # h0's
         shown = module.format_observation(
             {"query": "q", "passages": [{"title": "Zukev", "text": "Zukev grows hops."}] * 3}
         )
@@ -102,7 +99,7 @@ def test_held_out_harnesses_keep_the_limits_and_use_the_held_out_tags(
         call = module.parse_action(f"{co}print(6 * 7){cc}")
         assert call == {"type": "tool", "name": "python", "arguments": {"code": "print(6 * 7)"}}
         assert module.parse_action(f"{ao}42{ac}") == {"type": "answer", "content": "42"}
-        assert module.parse_action("\\boxed{42}") is None
+        assert (co, ao) == ("<python>\n", "\\boxed{")  # h0's action formats
         assert "{question}" in module.USER_PROMPT
 
 

@@ -603,12 +603,15 @@ STYLE_MAKERS = {"math": math_style, "search": search_style, "chess": chess_style
 
 # ====================================================================== held out
 
-#: One format per surface that pre-training never draws (none of them is in the lists above), for
-#: calibration on formats the model was not taught. Chess keeps its trained formats for now: its
-#: harness lever is measured through the legal-move layout, which is a format of its own.
+#: One format per surface the model reads that pre-training never draws (none of them is in the
+#: lists above), for calibration on formats the model was not taught: the prompt's wording, the
+#: system prompt, the passage layout, the observation's wrapper and the feedback message. The
+#: action tags the model writes are h0's: the micro model cannot write a tag it never saw
+#: (`micro calibrate --held-out` with held-out tags scored 0.0 under both search harnesses), so
+#: holding them out would measure nothing but that. Chess keeps its trained formats for now.
 HELD_OUT: dict[str, dict[str, Any]] = {
     "search": {
-        "tags": ("<lookup>", "</lookup>", "<final>", "</final>"),
+        "tags": ("<search>", "</search>", "<answer>", "</answer>"),
         "user": "Look up what you need with {so}terms{sc}, then reply {ao}answer{ac}.\n"
         "Question: {{question}}",
         "system": "This world is made up and unknown to you: look it up with {so}terms{sc} "
@@ -618,8 +621,8 @@ HELD_OUT: dict[str, dict[str, Any]] = {
         "feedback": "Not understood ({detail}). Reply again.",
     },
     "math": {
-        "call": ("<run>\n", "\n</run>"),
-        "answer": ("<final>", "</final>"),
+        "call": ("<python>\n", "\n</python>"),
+        "answer": ("\\boxed{", "}"),
         "user": "{{question}}\nRun Python inside {co}...{cc} if it helps; put the number in "
         "{ao}...{ac}.",
         "system": "Work the number out with Python ({co}code{cc}; you see what it prints) and "
