@@ -282,6 +282,28 @@ def test_pretrain_runs_end_to_end_and_lowers_the_loss(tmp_path: Path) -> None:
     assert tok.chat_template == CHAT_TEMPLATE
     saved = json.loads((tmp_path / "model" / "training_info.json").read_text())
     assert saved["data"]["by_domain"] == {"math": 30, "search": 30, "chess": 0}
+    assert saved["listed_move_mass"] == []  # no chess in the mix: nothing to measure
+
+
+def test_pretrain_logs_the_listed_move_mass_while_training(tmp_path: Path) -> None:
+    """Chess is learnt when the model copies a listed move: the mass under h0 on chess val
+    puzzles is logged every --mass-every steps and at the end, and kept in training_info."""
+    args = _pretrain_args(
+        "--out", str(tmp_path / "model"), "--seed", "1", "--steps", "6", "--math", "0",
+        "--search", "0", "--chess", "6", "--chess-puzzles", "6", "--hidden", "32", "--layers",
+        "1", "--vocab", "400", "--threads", "1", "--batch-tokens", "2048", "--mass-every", "4",
+        "--mass-tasks", "3",
+    )
+    lines: list[str] = []
+    info = P.pretrain(P.config_from_args(args), log=lines.append)
+    assert [m["step"] for m in info["listed_move_mass"]] == [4, 6]
+    assert all(0.0 < m["listed"] <= 1.0 for m in info["listed_move_mass"])
+    assert all(0.0 <= m["solution"] <= m["listed"] for m in info["listed_move_mass"])
+    logged = [ln for ln in lines if "listed-move mass" in ln]
+    assert len(logged) == 2 and "3 positions" in logged[0]
+    saved = json.loads((tmp_path / "model" / "training_info.json").read_text())
+    assert saved["listed_move_mass"] == info["listed_move_mass"]
+    assert saved["config"]["mass_every"] == 4
 
 
 def test_pretrain_rejects_bad_options(capsys: pytest.CaptureFixture[str]) -> None:

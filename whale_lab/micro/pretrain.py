@@ -67,6 +67,10 @@ class PretrainConfig:
     square_tokens: bool = True  # one token per chess square: a UCI move is two tokens
     move_tokens: bool = False  # one token per UCI move instead (an experiment; add_move_tokens)
     autocast_bf16: bool = True  # bfloat16 matmuls on CPU (fp32 master weights): ~1.5x faster
+    # Chess is learnt when the model copies a listed legal move: its listed-move mass under h0 on
+    # `mass_tasks` chess val puzzles is logged every `mass_every` steps and at the end (0: never).
+    mass_every: int = 500
+    mass_tasks: int = 32
 
 
 # ====================================================================== tokenised examples
@@ -415,6 +419,19 @@ def pretrain(cfg: PretrainConfig, log: Log = _say) -> dict[str, Any]:
         return batches.pop()
 
     pad_id = int(tokenizer.pad_token_id)
+    mass_probe = _mass_probe(cfg, tokenizer)
+    mass_log: list[dict[str, float]] = []
+
+    def measure_mass(at: int) -> None:
+        if mass_probe is None:
+            return
+        t_mass = time.perf_counter()
+        m = mass_probe(model)
+        mass_log.append(
+            {"step": at, "listed": round(m.listed, 4), "solution": round(m.solution, 4)}
+        )
+        log(f"      step {at}  chess {m.summary()}  ({time.perf_counter() - t_mass:.1f}s)")
+
     tuner = ThreadTuner(cfg.threads, log)
     model.train()
     total_steps = cfg.steps or 10**9
@@ -464,10 +481,14 @@ def pretrain(cfg: PretrainConfig, log: Log = _say) -> dict[str, Any]:
                 f"      step {step}/{total_steps}  reply loss {recent:.3f}  lr {lr:.2e}  "
                 f"epoch {epoch}  {time.perf_counter() - t_start:.0f}s"
             )
+        if cfg.mass_every and step % cfg.mass_every == 0 and step < total_steps:
+            measure_mass(step)
         if cfg.steps == 0 and time.perf_counter() - t_start > budget_s * 1.1:
             log("      time budget exceeded: stopping early")
             break
     train_s = time.perf_counter() - t_train
+    if mass_probe is not None and (not mass_log or mass_log[-1]["step"] != step):
+        measure_mass(step)
 
     out = Path(cfg.out)
     info = {
@@ -503,12 +524,30 @@ def pretrain(cfg: PretrainConfig, log: Log = _say) -> dict[str, Any]:
         "wall_seconds": round(time.perf_counter() - t_start, 1),
         "torch": torch.__version__,
         "threads": cfg.threads,
+        "listed_move_mass": mass_log,  # chess, under h0, on chess val puzzles, by step
     }
     save_model(model, tokenizer, out, cfg.save_dtype, info)
     info["wall_seconds"] = round(time.perf_counter() - t_start, 1)
     (out / "training_info.json").write_text(json.dumps(info, indent=2) + "\n")
     log(f"saved {out} ({info['wall_seconds']:.0f}s, final reply loss {info['final_loss']})")
     return info
+
+
+def _mass_probe(cfg: PretrainConfig, tokenizer: Any) -> Callable[[Any], Any] | None:
+    """The listed-move mass of a model under chess h0 on `cfg.mass_tasks` chess val puzzles (none
+    of them in the pre-training data), or None when it is not measured."""
+    if not cfg.mass_every or cfg.data.chess == 0 or cfg.mass_tasks < 1:
+        return None
+    from whale_lab.config import load_config
+    from whale_lab.domains import make_domain
+    from whale_lab.micro.move_mass import listed_move_mass
+    from whale_lab.micro.styles import HARNESS_DIR
+
+    dcfg = load_config(None, ['domain.name="chess"', f"domain.splits.val={cfg.mass_tasks}"])
+    domain = make_domain(dcfg)
+    tasks = domain.tasks("val")
+    h0 = HARNESS_DIR / "chess" / "h0.py"
+    return lambda model: listed_move_mass(model, tokenizer, domain, tasks, h0)
 
 
 def _command() -> str:
@@ -594,6 +633,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument(
+        "--mass-every",
+        type=int,
+        default=d.mass_every,
+        help="log the chess listed-move mass under h0 every this many steps and at the end "
+        f"(0: never; default {d.mass_every})",
+    )
+    p.add_argument(
+        "--mass-tasks",
+        type=int,
+        default=d.mass_tasks,
+        help=f"chess val puzzles the listed-move mass is measured on (default {d.mass_tasks})",
+    )
+    p.add_argument(
         "--move-tokens",
         action="store_true",
         help="one token per UCI move shape instead of two square tokens (an experiment)",
@@ -617,6 +669,8 @@ def config_from_args(args: argparse.Namespace) -> PretrainConfig:
         ("--context-loss-weight", 0.0 <= args.context_loss_weight <= 1.0, "must be in 0..1"),
         ("--batch-tokens", args.batch_tokens >= 64, "must be >= 64"),
         ("--lr", args.lr > 0, "must be > 0"),
+        ("--mass-every", args.mass_every >= 0, "must be >= 0"),
+        ("--mass-tasks", args.mass_tasks >= 1, "must be >= 1"),
     ]
     for name, ok, why in checks:
         if not ok:
@@ -649,6 +703,8 @@ def config_from_args(args: argparse.Namespace) -> PretrainConfig:
         batch_tokens=args.batch_tokens,
         lr=args.lr,
         move_tokens=args.move_tokens,
+        mass_every=args.mass_every,
+        mass_tasks=args.mass_tasks,
     )
 
 
