@@ -258,8 +258,9 @@ class RulesProposer:
         note = ""
         if len(out) < request.n:
             note = (
-                f"rules proposer found evidence for {len(out)} untried mechanism(s) on "
-                f"{', '.join(parents)}; asked for {request.n}"
+                f"rules proposer found {len(out)} untried mechanism(s) with evidence in the "
+                f"traces of {', '.join(parents)} that the parent's limits let act; asked for "
+                f"{request.n}"
             )
             if problems:
                 note += "; " + "; ".join(problems)
