@@ -69,7 +69,7 @@ class PretrainConfig:
     autocast_bf16: bool = True  # bfloat16 matmuls on CPU (fp32 master weights): ~1.5x faster
     # Chess is learnt when the model copies a listed legal move: its listed-move mass under h0 on
     # `mass_tasks` chess val puzzles is logged every `mass_every` steps and at the end (0: never).
-    mass_every: int = 500
+    mass_every: int = 1000  # each measurement takes 10-20 s of CPU on the micro model
     mass_tasks: int = 32
 
 
