@@ -47,8 +47,8 @@ def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
         "--tasks",
         type=int,
         default=128,
-        help="val tasks per domain (default 128: a paired lever of about 10 points needs this many "
-        "to exclude zero on the micro model)",
+        help="val tasks per domain (default 128: there a paired lever's 95%% interval on the "
+        "micro model is about +-6 points)",
     )
     p.add_argument("--k", type=int, default=8, help="samples per task (default 8)")
     p.add_argument(
@@ -61,8 +61,9 @@ def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--held-out",
         action="store_true",
-        help="score h0 and the stronger harness in formats pre-training never drew (tags, "
-        "wording, passage and feedback formats; math and search); RSFT still trains under h0",
+        help="score h0 and the stronger harness in formats pre-training never drew (wording, "
+        "system prompt, passage layout, wrapper, feedback; the action tags stay h0's; math and "
+        "search); RSFT still trains under h0",
     )
     p.add_argument(
         "--json",
