@@ -112,8 +112,9 @@ def calibrate_domain(
     t0 = time.perf_counter()
     h0_path, strong_path = harness_paths(domain_name)
     train_path = h0_path  # RSFT always trains under the shipped h0
-    scratch = tempfile.TemporaryDirectory(prefix="whale-calibrate-held-out-")
+    scratch: tempfile.TemporaryDirectory[str] | None = None
     if held_out:
+        scratch = tempfile.TemporaryDirectory(prefix="whale-calibrate-held-out-")
         from whale_lab.micro.styles import held_out_harness
 
         h0_path = Path(scratch.name) / "h0_held_out.py"
@@ -192,7 +193,8 @@ def calibrate_domain(
     finally:
         backend.close()
         domain.close()
-        scratch.cleanup()
+        if scratch is not None:
+            scratch.cleanup()
     row.seconds = time.perf_counter() - t0
     row.diagnostics = diagnostics
     from whale_lab.paired import task_means
