@@ -46,7 +46,7 @@ class ModelShape:
 class PretrainConfig:
     """Everything that decides the result; recorded in training_info.json."""
 
-    minutes: float = 25.0  # wall-time budget for the whole recipe
+    minutes: float = 90.0  # wall-time budget for the whole recipe
     out: str = str(DEFAULT_OUT)
     seed: int = 0
     data: DataSizes = field(default_factory=DataSizes)
