@@ -23,6 +23,8 @@ formats the model was never taught (`whale-lab micro calibrate --held-out`).
 
 from __future__ import annotations
 
+import copy
+import functools
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -68,17 +70,31 @@ def h0_source(domain: str) -> str:
     return path.read_text(encoding="utf-8")
 
 
+@functools.lru_cache(maxsize=8)
+def _literal_constants(source: str) -> dict[str, Any]:
+    """Every `NAME = literal` at the top of a harness source, parsed once per distinct source."""
+    import ast
+
+    found: dict[str, Any] = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign):
+            try:
+                value = ast.literal_eval(node.value)
+            except (ValueError, TypeError, SyntaxError, RecursionError):
+                continue  # not a literal: h0_constant says it is missing
+            for t in node.targets:
+                if isinstance(t, ast.Name):
+                    found[t.id] = value
+    return found
+
+
 def h0_constant(domain: str, name: str) -> Any:
     """A literal constant of the shipped h0 (read with `ast`, never run), so the facts a style
     gives the reference policy follow the file rather than a copy of it."""
-    import ast
-
-    for node in ast.parse(h0_source(domain)).body:
-        if isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == name for t in node.targets
-        ):
-            return ast.literal_eval(node.value)
-    raise KeyError(f"harnesses/{domain}/h0.py has no constant {name}")
+    constants = _literal_constants(h0_source(domain))
+    if name not in constants:
+        raise KeyError(f"harnesses/{domain}/h0.py has no constant {name}")
+    return copy.deepcopy(constants[name])  # the parse is shared: callers get their own
 
 
 FEEDBACKS = [

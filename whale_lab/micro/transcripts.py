@@ -106,9 +106,10 @@ __all__ = [
 
 @dataclass(frozen=True)
 class DataSizes:
-    """Transcripts per domain. A chess episode is several times longer than a math or search one
-    (the board and every legal move), so chess takes most of the tokens here; a trial with 5,000 math transcripts
-    beside 10,000 chess ones left math 1.6% under h0, so math keeps more than the earlier 8,000."""
+    """Transcripts per domain. A chess episode is several times longer than a math or search
+    one (the board and every legal move), so chess takes most of the tokens here; a trial with
+    5,000 math transcripts beside 10,000 chess ones left math 1.6% under h0, so math keeps more
+    than the earlier 8,000."""
 
     math: int = 12000
     search: int = 8000
