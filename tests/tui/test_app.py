@@ -268,8 +268,10 @@ async def test_engine_errors_become_a_readable_notification(make_engines, wait_f
         assert app.is_running
         assert app.engine_error == "RuntimeError: CUDA out of memory [bold]while[/bold] generating"
         assert app.display_state() == "failed"
-        messages = [n.message for n in app._notifications]
-        assert any("CUDA out of memory" in m for m in messages)
+        # `notify` posts a message: the toast lands on the next turn of the app's loop
+        await wait_for(
+            pilot, lambda: any("CUDA out of memory" in n.message for n in app._notifications)
+        )
         log = (app.run_root / "tui.log").read_text()
         assert "Traceback" in log and "RuntimeError" in log
         await pilot.press("q")

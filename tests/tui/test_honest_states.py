@@ -173,7 +173,8 @@ async def test_a_run_held_by_another_process_opens_read_only(
             holder.kill()
             holder.wait(5)
             await wait_for(pilot, lambda: app.read_only_pid is None)
-            assert any("closed this run" in m for m in toasts(app))
+            # `notify` posts a message: the toast lands on the next turn of the app's loop
+            await wait_for(pilot, lambda: any("closed this run" in m for m in toasts(app)))
             assert app.check_action("resume", ()) is True
     finally:
         if holder.poll() is None:
