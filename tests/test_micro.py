@@ -245,6 +245,40 @@ def test_examples_tokenise_turns_as_the_backend_does(
         )
 
 
+def test_chess_replies_can_weigh_more_than_the_context_and_other_replies(
+    small_transcripts: dict[str, list[T.Transcript]],
+) -> None:
+    """--chess-reply-weight puts its weight on a chess reply's tokens only; the prompt keeps the
+    context weight, and the pre-training loop gives every other domain's replies weight 1."""
+    from whale_lab.models import train_byte_bpe_tokenizer
+
+    items = [t for ts in small_transcripts.values() for t in ts]
+    tok = train_byte_bpe_tokenizer([P._render_plain(t.final_messages()) for t in items], 600)
+    eos = tok.eos_token_id
+    t = next(t for t in small_transcripts["chess"] if len(t.turns) > 1)
+    plain = P.transcript_examples(t, tok, eos, max_len=10**6, context_weight=0.5)
+    heavy = P.transcript_examples(t, tok, eos, max_len=10**6, context_weight=0.5, reply_weight=3.0)
+    assert [e.ids for e in heavy] == [e.ids for e in plain]
+    for a, b in zip(plain, heavy, strict=True):
+        assert [wb for wa, wb in zip(a.weights, b.weights, strict=True) if wa == 1.0] == [
+            3.0
+        ] * sum(1 for w in a.weights if w == 1.0)
+        assert [wb for wa, wb in zip(a.weights, b.weights, strict=True) if wa != 1.0] == [
+            wa for wa in a.weights if wa != 1.0
+        ]
+    args = _pretrain_args("--chess-reply-weight", "3")
+    assert P.config_from_args(args).chess_reply_weight == 3.0
+    assert P.PretrainConfig().chess_reply_weight >= 1.0
+
+
+def test_pretrain_rejects_a_chess_reply_weight_below_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = _pretrain_args("--chess-reply-weight", "0.5")
+    assert P.run_pretrain(args) == 2
+    assert "--chess-reply-weight must be >= 1, got 0.5" in capsys.readouterr().err
+
+
 def test_pretrain_runs_end_to_end_and_lowers_the_loss(tmp_path: Path) -> None:
     from whale_lab.models import load_model_and_tokenizer
 
@@ -289,10 +323,34 @@ def test_pretrain_logs_the_listed_move_mass_while_training(tmp_path: Path) -> No
     """Chess is learnt when the model copies a listed move: the mass under h0 on chess val
     puzzles is logged every --mass-every steps and at the end, and kept in training_info."""
     args = _pretrain_args(
-        "--out", str(tmp_path / "model"), "--seed", "1", "--steps", "6", "--math", "0",
-        "--search", "0", "--chess", "6", "--chess-puzzles", "6", "--hidden", "32", "--layers",
-        "1", "--vocab", "400", "--threads", "1", "--batch-tokens", "2048", "--mass-every", "4",
-        "--mass-tasks", "3",
+        "--out",
+        str(tmp_path / "model"),
+        "--seed",
+        "1",
+        "--steps",
+        "6",
+        "--math",
+        "0",
+        "--search",
+        "0",
+        "--chess",
+        "6",
+        "--chess-puzzles",
+        "6",
+        "--hidden",
+        "32",
+        "--layers",
+        "1",
+        "--vocab",
+        "400",
+        "--threads",
+        "1",
+        "--batch-tokens",
+        "2048",
+        "--mass-every",
+        "4",
+        "--mass-tasks",
+        "3",
     )
     lines: list[str] = []
     info = P.pretrain(P.config_from_args(args), log=lines.append)
@@ -343,7 +401,8 @@ def test_calibrate_runs_on_small_splits(capsys: pytest.CaptureFixture[str], tmp_
         assert lever["n_tasks"] == 2 and lever["method"] == "percentile bootstrap over tasks"
         assert set(row["task_means"]) == {"h0", "strong"}
         assert lever["diff"] == pytest.approx(
-            sum(row["task_means"]["strong"].values()) / 2 - sum(row["task_means"]["h0"].values()) / 2
+            sum(row["task_means"]["strong"].values()) / 2
+            - sum(row["task_means"]["h0"].values()) / 2
         )
 
 
@@ -357,24 +416,32 @@ def test_calibration_levers_are_paired_with_intervals_and_the_interaction() -> N
     h0 = {t: [0.0, 0.0] for t in tasks}
     strong = {t: [1.0, 0.0] if i % 2 else [0.0, 0.0] for i, t in enumerate(tasks)}  # +25 points
     rsft_h0 = {t: [1.0, 1.0] if i % 4 == 0 else [0.0, 0.0] for i, t in enumerate(tasks)}
-    rsft_strong = {t: [1.0, 1.0] if i % 4 == 0 else v for (i, t), v in
-                   zip(enumerate(tasks), strong.values(), strict=True)}
+    rsft_strong = {
+        t: [1.0, 1.0] if i % 4 == 0 else v
+        for (i, t), v in zip(enumerate(tasks), strong.values(), strict=True)
+    }
     scores = {"h0": h0, "strong": strong, "rsft+h0": rsft_h0, "rsft+strong": rsft_strong}
     paired = paired_levers(scores)
     assert paired["harness"]["diff"] == pytest.approx(0.25)
     assert paired["harness"]["excludes_zero"] and paired["harness"]["low"] > 0
     assert paired["weight"]["diff"] == pytest.approx(0.25)
     # after RSFT the harness adds only on tasks RSFT did not already solve: +25 on 30 of 40
-    expected_after = sum(
-        (sum(rsft_strong[t]) - sum(rsft_h0[t])) / 2 for t in tasks
-    ) / len(tasks)
+    expected_after = sum((sum(rsft_strong[t]) - sum(rsft_h0[t])) / 2 for t in tasks) / len(tasks)
     assert paired["harness after RSFT"]["diff"] == pytest.approx(expected_after)
     inter = paired["interaction"]["interaction"]
     assert inter["diff"] == pytest.approx(expected_after - 0.25)
     assert paired["interaction"]["n_tasks"] == 40
 
-    row = CalibrationRow(domain="math", n_tasks=40, k=2, h0=0.0, strong=0.25, rsft_h0=0.25,
-                         rsft_strong=0.25 + expected_after, paired=paired)
+    row = CalibrationRow(
+        domain="math",
+        n_tasks=40,
+        k=2,
+        h0=0.0,
+        strong=0.25,
+        rsft_h0=0.25,
+        rsft_strong=0.25 + expected_after,
+        paired=paired,
+    )
     table = markdown_table([row])
     line = next(ln for ln in table.splitlines() if ln.startswith("| math"))
     cells = [c.strip() for c in line.split("|")[1:-1]]

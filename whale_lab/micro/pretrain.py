@@ -61,6 +61,9 @@ class PretrainConfig:
     # Loss weight of prompt tokens (questions, passages, boards) relative to replies: their
     # repeated names and moves teach copying, which every reply needs.
     context_loss_weight: float = 0.5
+    # Loss weight of a chess reply's tokens relative to other replies: a chess decision is a few
+    # tokens in an episode of hundreds, so it gets little of the gradient at weight 1.
+    chess_reply_weight: float = 1.0
     steps: int = 0  # 0: fit the number of steps to the time budget
     threads: int = 2
     save_dtype: str = "bfloat16"
@@ -94,7 +97,13 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
 
 
 def transcript_examples(
-    t: Transcript, tokenizer: Any, eos_id: int, *, max_len: int, context_weight: float = 0.0
+    t: Transcript,
+    tokenizer: Any,
+    eos_id: int,
+    *,
+    max_len: int,
+    context_weight: float = 0.0,
+    reply_weight: float = 1.0,
 ) -> list[Example]:
     """Token sequences for one transcript, tokenised as the backend renders each turn.
 
@@ -115,12 +124,13 @@ def transcript_examples(
             break
         new = prefix[len(merged) :]
         merged += new + target
-        weights += [context_weight] * len(new) + [1.0] * len(target)
+        weights += [context_weight] * len(new) + [reply_weight] * len(target)
     if ok:
         examples = [Example(merged, weights)]
     else:
         examples = [
-            Example(p + tg, [context_weight] * len(p) + [1.0] * len(tg)) for p, tg in pieces
+            Example(p + tg, [context_weight] * len(p) + [reply_weight] * len(tg))
+            for p, tg in pieces
         ]
     out = []
     for ex in examples:
@@ -386,7 +396,12 @@ def pretrain(cfg: PretrainConfig, log: Log = _say) -> dict[str, Any]:
     examples: list[Example] = []
     for t in transcripts:
         examples += transcript_examples(
-            t, tokenizer, eos_id, max_len=cfg.max_len, context_weight=cfg.context_loss_weight
+            t,
+            tokenizer,
+            eos_id,
+            max_len=cfg.max_len,
+            context_weight=cfg.context_loss_weight,
+            reply_weight=cfg.chess_reply_weight if t.domain == "chess" else 1.0,
         )
     n_tokens = sum(len(e.ids) for e in examples)
     n_targets = sum(sum(1 for w in e.weights if w >= 1.0) for e in examples)
@@ -629,6 +644,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="loss weight of prompt tokens relative to reply tokens",
     )
     p.add_argument(
+        "--chess-reply-weight",
+        type=float,
+        default=d.chess_reply_weight,
+        help="loss weight of chess reply tokens relative to other replies "
+        f"(default {d.chess_reply_weight:g})",
+    )
+    p.add_argument(
         "--batch-tokens", type=int, default=d.batch_tokens, help="padded tokens per optimiser step"
     )
     p.add_argument("--lr", type=float, default=d.lr)
@@ -667,6 +689,7 @@ def config_from_args(args: argparse.Namespace) -> PretrainConfig:
         ("--vocab", args.vocab >= 300, "must be >= 300 (256 bytes + special tokens + merges)"),
         ("--threads", args.threads >= 1, "must be >= 1"),
         ("--context-loss-weight", 0.0 <= args.context_loss_weight <= 1.0, "must be in 0..1"),
+        ("--chess-reply-weight", args.chess_reply_weight >= 1.0, "must be >= 1"),
         ("--batch-tokens", args.batch_tokens >= 64, "must be >= 64"),
         ("--lr", args.lr > 0, "must be > 0"),
         ("--mass-every", args.mass_every >= 0, "must be >= 0"),
@@ -700,6 +723,7 @@ def config_from_args(args: argparse.Namespace) -> PretrainConfig:
         vocab_size=args.vocab,
         threads=args.threads,
         context_loss_weight=args.context_loss_weight,
+        chess_reply_weight=args.chess_reply_weight,
         batch_tokens=args.batch_tokens,
         lr=args.lr,
         move_tokens=args.move_tokens,
