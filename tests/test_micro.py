@@ -266,9 +266,9 @@ def test_chess_replies_can_weigh_more_than_the_context_and_other_replies(
         assert [wb for wa, wb in zip(a.weights, b.weights, strict=True) if wa != 1.0] == [
             wa for wa in a.weights if wa != 1.0
         ]
-    args = _pretrain_args("--chess-reply-weight", "3")
-    assert P.config_from_args(args).chess_reply_weight == 3.0
-    assert P.PretrainConfig().chess_reply_weight >= 1.0
+    args = _pretrain_args("--chess-reply-weight", "2")
+    assert P.config_from_args(args).chess_reply_weight == 2.0
+    assert P.config_from_args(_pretrain_args()).chess_reply_weight == 3.0  # the shipped recipe
 
 
 def test_pretrain_rejects_a_chess_reply_weight_below_one(
