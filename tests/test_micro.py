@@ -279,6 +279,13 @@ def test_pretrain_rejects_a_chess_reply_weight_below_one(
     assert "--chess-reply-weight must be >= 1, got 0.5" in capsys.readouterr().err
 
 
+#: A model small enough to pre-train in seconds on one thread.
+TINY_MODEL = (
+    *("--hidden", "32", "--layers", "1", "--vocab", "400"),
+    *("--threads", "1", "--batch-tokens", "2048"),
+)
+
+
 def test_pretrain_runs_end_to_end_and_lowers_the_loss(tmp_path: Path) -> None:
     from whale_lab.models import load_model_and_tokenizer
 
@@ -297,16 +304,7 @@ def test_pretrain_runs_end_to_end_and_lowers_the_loss(tmp_path: Path) -> None:
         "30",
         "--chess",
         "0",
-        "--hidden",
-        "32",
-        "--layers",
-        "1",
-        "--vocab",
-        "400",
-        "--threads",
-        "1",
-        "--batch-tokens",
-        "2048",
+        *TINY_MODEL,
     )
     cfg = P.config_from_args(args)
     info = P.pretrain(cfg, log=lambda msg: None)
@@ -337,16 +335,7 @@ def test_pretrain_logs_the_listed_move_mass_while_training(tmp_path: Path) -> No
         "6",
         "--chess-puzzles",
         "6",
-        "--hidden",
-        "32",
-        "--layers",
-        "1",
-        "--vocab",
-        "400",
-        "--threads",
-        "1",
-        "--batch-tokens",
-        "2048",
+        *TINY_MODEL,
         "--mass-every",
         "4",
         "--mass-tasks",
