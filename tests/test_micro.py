@@ -245,6 +245,44 @@ def test_examples_tokenise_turns_as_the_backend_does(
         )
 
 
+def test_reply_tokens_are_marked_apart_from_their_weight(
+    small_transcripts: dict[str, list[T.Transcript]],
+) -> None:
+    """With `--context-loss-weight 1` a prompt token weighs as much as a reply: the logged reply
+    loss, the reply-token count and the example filter must still see replies only."""
+    import torch
+
+    from whale_lab.models import train_byte_bpe_tokenizer
+
+    items = [t for ts in small_transcripts.values() for t in ts]
+    tok = train_byte_bpe_tokenizer([P._render_plain(t.final_messages()) for t in items], 600)
+    eos = tok.eos_token_id
+    t = next(t for t in items if len(t.turns) > 1)
+    (ex,) = P.transcript_examples(t, tok, eos, max_len=10**6, context_weight=1.0)
+    assert all(w == 1.0 for w in ex.weights)
+    n_reply = sum(len(P._encode(tok, x.response)) + 1 for x in t.turns)
+    assert sum(ex.reply) == n_reply < len(ex.ids)
+    for turn in t.turns:
+        prefix = P._render_prefix(tok, turn.messages)
+        target = P._encode(tok, turn.response) + [eos]
+        assert ex.reply[len(prefix) : len(prefix) + len(target)] == [True] * len(target)
+
+    ids, mask, weights, reply = P.collate([ex], tok.pad_token_id or 0)
+    vocab = int(ids.max()) + 1
+    logits = torch.randn(1, ids.size(1), vocab, generator=torch.Generator().manual_seed(0))
+
+    class Fixed:
+        def __call__(self, **_: object) -> object:
+            return type("Out", (), {"logits": logits})()
+
+    loss, reply_loss = P.weighted_loss(Fixed(), ids, mask, weights, reply)
+    nll = torch.nn.functional.cross_entropy(logits[0, :-1], ids[0, 1:], reduction="none")
+    on_reply = reply[0, 1:]
+    assert reply_loss == pytest.approx(float(nll[on_reply].mean()), rel=1e-5)
+    assert float(loss) == pytest.approx(float(nll.mean()), rel=1e-5)
+    assert reply_loss != pytest.approx(float(loss), rel=1e-3)
+
+
 def test_chess_replies_can_weigh_more_than_the_context_and_other_replies(
     small_transcripts: dict[str, list[T.Transcript]],
 ) -> None:

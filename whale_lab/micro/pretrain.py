@@ -85,6 +85,9 @@ class PretrainConfig:
 class Example:
     ids: list[int]
     weights: list[float]  # per target position (aligned with ids), 0 for no loss
+    # Which positions are reply tokens: kept apart from the weights, since a prompt token may be
+    # weighted as much as a reply (`--context-loss-weight 1`) and must still not count as one.
+    reply: list[bool]
 
 
 def _render_prefix(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]:
@@ -119,6 +122,7 @@ def transcript_examples(
         pieces.append((prefix, target))
     merged: list[int] = []
     weights: list[float] = []
+    reply: list[bool] = []
     ok = True
     for prefix, target in pieces:
         if prefix[: len(merged)] != merged:
@@ -127,18 +131,23 @@ def transcript_examples(
         new = prefix[len(merged) :]
         merged += new + target
         weights += [context_weight] * len(new) + [reply_weight] * len(target)
+        reply += [False] * len(new) + [True] * len(target)
     if ok:
-        examples = [Example(merged, weights)]
+        examples = [Example(merged, weights, reply)]
     else:
         examples = [
-            Example(p + tg, [context_weight] * len(p) + [reply_weight] * len(tg))
+            Example(
+                p + tg,
+                [context_weight] * len(p) + [reply_weight] * len(tg),
+                [False] * len(p) + [True] * len(tg),
+            )
             for p, tg in pieces
         ]
     out = []
     for ex in examples:
         if len(ex.ids) > max_len:
-            ex = Example(ex.ids[-max_len:], ex.weights[-max_len:])
-        if any(w >= 1.0 for w in ex.weights):
+            ex = Example(ex.ids[-max_len:], ex.weights[-max_len:], ex.reply[-max_len:])
+        if any(ex.reply):
             out.append(ex)
     return out
 
@@ -237,22 +246,27 @@ def make_batches(
     return batches
 
 
-def collate(examples: Sequence[Example], pad_id: int) -> tuple[Any, Any, Any]:
+def collate(examples: Sequence[Example], pad_id: int) -> tuple[Any, Any, Any, Any]:
+    """Padded ids, attention mask, loss weights and the reply-token mask of a batch."""
     import torch
 
     width = max(len(e.ids) for e in examples)
     ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(examples), width), dtype=torch.long)
     weights = torch.zeros((len(examples), width), dtype=torch.float32)
+    reply = torch.zeros((len(examples), width), dtype=torch.bool)
     for j, e in enumerate(examples):
         n = len(e.ids)
         ids[j, :n] = torch.tensor(e.ids)
         mask[j, :n] = 1
         weights[j, :n] = torch.tensor(e.weights)
-    return ids, mask, weights
+        reply[j, :n] = torch.tensor(e.reply)
+    return ids, mask, weights, reply
 
 
-def weighted_loss(model: Any, ids: Any, mask: Any, weights: Any) -> tuple[Any, float]:
+def weighted_loss(
+    model: Any, ids: Any, mask: Any, weights: Any, reply_mask: Any
+) -> tuple[Any, float]:
     """Weighted next-token NLL (mean over target weight) and the replies-only mean for logging."""
     import torch
     import torch.nn.functional as F
@@ -265,7 +279,7 @@ def weighted_loss(model: Any, ids: Any, mask: Any, weights: Any) -> tuple[Any, f
     ).view_as(targets)
     loss = (nll * w).sum() / w.sum().clamp(min=1.0)
     with torch.no_grad():
-        reply = (w >= 1.0).float()
+        reply = reply_mask[:, 1:].float()
         reply_loss = float((nll * reply).sum() / reply.sum().clamp(min=1.0))
     return loss, reply_loss
 
@@ -406,7 +420,7 @@ def pretrain(cfg: PretrainConfig, log: Log = _say) -> dict[str, Any]:
             reply_weight=cfg.chess_reply_weight if t.domain == "chess" else 1.0,
         )
     n_tokens = sum(len(e.ids) for e in examples)
-    n_targets = sum(sum(1 for w in e.weights if w >= 1.0) for e in examples)
+    n_targets = sum(sum(e.reply) for e in examples)
     log(f"      {len(examples)} sequences, {n_tokens} tokens, {n_targets} reply tokens")
 
     log("[3/4] model")
@@ -482,9 +496,9 @@ def pretrain(cfg: PretrainConfig, log: Log = _say) -> dict[str, Any]:
             group["lr"] = lr
         tuner.before(step)
         t_step = time.perf_counter()
-        ids, mask, weights = collate([examples[i] for i in next_batch()], pad_id)
+        ids, mask, weights, reply = collate([examples[i] for i in next_batch()], pad_id)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.autocast_bf16):
-            loss, reply_loss = weighted_loss(model, ids, mask, weights)
+            loss, reply_loss = weighted_loss(model, ids, mask, weights, reply)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
