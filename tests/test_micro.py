@@ -422,6 +422,17 @@ def test_calibrate_runs_on_small_splits(capsys: pytest.CaptureFixture[str], tmp_
     assert set(rows["chess"]["move_mass"]) == {"h0", "strong"}
     assert all(0.0 < v <= 1.0 for v in rows["chess"]["move_mass"].values())
     assert rows["math"]["move_mass"] is None
+    # and mean@k by the kind of each puzzle's first solver move, which adds up to the arm's mean
+    chess_row = rows["chess"]
+    assert set(chess_row["by_first_move"]) == {"h0", "strong"}
+    assert sum(chess_row["first_move_tasks"].values()) == 2
+    for label, parts in chess_row["by_first_move"].items():
+        assert set(parts) == set(chess_row["first_move_tasks"])
+        n = chess_row["first_move_tasks"]
+        assert sum(parts[kind] * n[kind] for kind in parts) / 2 == pytest.approx(
+            sum(chess_row["task_means"][label].values()) / 2, abs=1e-4
+        )
+    assert rows["math"]["by_first_move"] is None
     # the harness lever is paired over the same two tasks, with its interval
     for row in rows.values():
         lever = row["paired"]["harness"]
@@ -431,6 +442,30 @@ def test_calibrate_runs_on_small_splits(capsys: pytest.CaptureFixture[str], tmp_
             sum(row["task_means"]["strong"].values()) / 2
             - sum(row["task_means"]["h0"].values()) / 2
         )
+
+
+def test_a_chess_puzzle_is_sorted_by_what_its_first_solver_move_does() -> None:
+    """Mate outranks capture, capture outranks check; the line's first move is the opponent's
+    trigger, so the solver's move is the second."""
+    from whale_lab.micro.calibrate import by_first_move, first_move_kind
+
+    # after the trigger a2a3, black's Qh4 mates (fool's mate)
+    fools = "rnbqkbnr/pppp1ppp/8/4p3/6P1/5P2/PPPPP2P/RNBQKBNR w KQkq - 0 3"
+    assert first_move_kind(fools, ["a2a3", "d8h4"]) == "mate"
+    start = "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1"
+    assert first_move_kind(start, ["e2e4", "d7d5"]) == "quiet"
+    queen = "4k3/8/8/8/8/8/3q4/4K3 w - - 0 1"
+    assert first_move_kind(queen, ["e1f1", "d2d1"]) == "check"
+    # Rxa1 on a closed back rank mates; with luft on h3 the same capture only checks
+    back_rank = "r5k1/5ppp/8/8/8/8/1P3PPP/N5K1 w - - 0 1"
+    assert first_move_kind(back_rank, ["b2b3", "a8a1"]) == "mate"
+    assert first_move_kind(back_rank, ["b2b3", "a8a2"]) == "quiet"
+    luft = "r5k1/5ppp/8/8/8/7P/1P3PP1/N5K1 w - - 0 1"
+    assert first_move_kind(luft, ["b2b3", "a8a1"]) == "capture"
+
+    kinds = {"a": "mate", "b": "mate", "c": "capture", "d": "quiet"}
+    means = {"h0": {"a": 1.0, "b": 0.5, "c": 0.25, "d": 0.0}}
+    assert by_first_move(kinds, means) == {"h0": {"mate": 0.75, "capture": 0.25, "quiet": 0.0}}
 
 
 def test_calibration_levers_are_paired_with_intervals_and_the_interaction() -> None:

@@ -13,7 +13,8 @@ between 5% and 40%; search harness-limited (strong - h0 >= 15 points, more than 
 weight-limited (RSFT adds >= 15 points, the harness alone < 5); chess: both levers help. On
 chess, with an in-process (hf) backend, it also reports the listed-move mass (`move_mass.py`):
 how much probability the model puts on the legal moves it is shown, which says whether a harness
-layout can help at all.
+layout can help at all, and mean@k by what the puzzle's first solver move does (mate, capture,
+check, quiet), which says where a lever gained or lost.
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ class CalibrationRow:
     diagnostics: dict[str, dict[str, float]] | None = None
     # chess: probability on the listed legal moves after "<move>", per measurement label
     move_mass: dict[str, float] | None = None
+    # chess: label -> kind of the puzzle's first solver move -> mean@k over those tasks, and
+    # the number of tasks of each kind, so a lever can be traced to the moves it changed
+    by_first_move: dict[str, dict[str, float]] | None = None
+    first_move_tasks: dict[str, int] | None = None
     # per measurement label ("h0", "strong", "rsft+h0", "rsft+strong"): task id -> mean reward
     task_means: dict[str, dict[str, float]] = field(default_factory=dict)
     # lever name -> PairedResult.to_dict(); "interaction": InteractionEffect.to_dict()
@@ -75,6 +80,45 @@ def paired_levers(scores: dict[str, dict[str, list[float | None]]]) -> dict[str,
         out["interaction"] = interaction_effect(
             scores["h0"], scores["strong"], scores["rsft+h0"], scores["rsft+strong"]
         ).to_dict()
+    return out
+
+
+#: Kinds of a chess puzzle's first solver move, the order of the breakdown.
+FIRST_MOVE_KINDS = ("mate", "capture", "check", "quiet")
+
+
+def first_move_kind(fen: str, moves: Sequence[str]) -> str:
+    """What the solver's first move does: `mate`, `capture`, `check` or `quiet` (the first listed
+    that applies). The line's first move is the opponent's trigger; the solver's comes second."""
+    import chess
+
+    board = chess.Board(fen)
+    board.push_uci(moves[0])
+    move = chess.Move.from_uci(moves[1])
+    if board.is_capture(move):
+        board.push(move)
+        mate = board.is_checkmate()
+        board.pop()
+        return "mate" if mate else "capture"
+    board.push(move)
+    if board.is_checkmate():
+        return "mate"
+    return "check" if board.is_check() else "quiet"
+
+
+def by_first_move(
+    kinds: dict[str, str], task_means: dict[str, dict[str, float]]
+) -> dict[str, dict[str, float]]:
+    """Per measurement label, mean@k over the tasks of each first-move kind (kinds with no task
+    left out): where in the puzzles a harness or a weight update gains or loses."""
+    out: dict[str, dict[str, float]] = {}
+    for label, means in task_means.items():
+        row: dict[str, float] = {}
+        for kind in FIRST_MOVE_KINDS:
+            vals = [v for task, v in means.items() if kinds.get(task) == kind]
+            if vals:
+                row[kind] = round(sum(vals) / len(vals), 4)
+        out[label] = row
     return out
 
 
@@ -202,6 +246,17 @@ def calibrate_domain(
     row.task_means = {label: task_means(s) for label, s in scores.items()}
     row.paired = paired_levers(scores)
     row.move_mass = move_mass or None
+    if domain_name == "chess":
+        kinds = {t.id: first_move_kind(t.answer["fen"], t.answer["moves"]) for t in val}
+        row.by_first_move = by_first_move(kinds, row.task_means)
+        row.first_move_tasks = {
+            kind: n for kind in FIRST_MOVE_KINDS if (n := sum(v == kind for v in kinds.values()))
+        }
+        for label, parts in row.by_first_move.items():
+            shown = ", ".join(
+                f"{kind} {100 * v:.1f}% ({row.first_move_tasks[kind]})" for kind, v in parts.items()
+            )
+            log(f"  {domain_name:6s} {label:13s} by first move: {shown}")
     return row
 
 
