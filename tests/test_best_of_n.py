@@ -111,7 +111,8 @@ def test_a_spent_catalogue_stacks_on_an_earlier_draw_and_says_when_short(tmp_pat
 
 
 @pytest.mark.parametrize(
-    ("name", "proposals"), [("compare.toml", 6), ("compare-12.toml", 12), ("compare-h64.toml", 6)]
+    ("name", "proposals"),
+    [("compare.toml", 6), ("compare-12.toml", 12), ("compare-h64.toml", 6), ("compare-chess.toml", 6)],
 )
 def test_the_shipped_comparisons_give_every_harness_schedule_the_same_proposals(
     name: str, proposals: int
@@ -122,6 +123,11 @@ def test_the_shipped_comparisons_give_every_harness_schedule_the_same_proposals(
         base = load_config(str(path.with_name("compare.toml")), [])
         assert cfg.domain.splits.harness == 64 and base.domain.splits.harness == 16
         assert dataclasses.replace(cfg.domain.splits, harness=16) == base.domain.splits
+        assert cfg.schedule == base.schedule and cfg.sampling == base.sampling
+    if name == "compare-chess.toml":  # compare-h64's budgets, with larger val and test splits
+        base = load_config(str(path.with_name("compare-h64.toml")), [])
+        assert (cfg.domain.splits.val, cfg.domain.splits.test) == (64, 64)
+        assert dataclasses.replace(cfg.domain.splits, val=24, test=24) == base.domain.splits
         assert cfg.schedule == base.schedule and cfg.sampling == base.sampling
     m = cfg.harness_search.candidates_per_iteration
     budgets = {k: proposal_budget(dataclasses.replace(cfg.schedule, kind=k), m) for k in SCHEDULES}
