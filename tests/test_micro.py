@@ -7,6 +7,7 @@ import importlib.util
 import json
 import random
 import re
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -466,6 +467,74 @@ def test_a_chess_puzzle_is_sorted_by_what_its_first_solver_move_does() -> None:
     kinds = {"a": "mate", "b": "mate", "c": "capture", "d": "quiet"}
     means = {"h0": {"a": 1.0, "b": 0.5, "c": 0.25, "d": 0.0}}
     assert by_first_move(kinds, means) == {"h0": {"mate": 0.75, "capture": 0.25, "quiet": 0.0}}
+
+
+def test_chess_variants_are_h0_but_for_one_thing() -> None:
+    """Each variant keeps h0's wording, tags and limits and changes the layout or the
+    illegal-move budget only; every one passes the chess harness contract."""
+    from whale_lab.harness import validate_harness
+    from whale_lab.micro.calibrate import CHESS_VARIANTS
+    from whale_lab.micro.styles import (
+        CHESS_LAYOUTS,
+        _literal_constants,
+        chess_variant,
+        h0_constant,
+    )
+
+    for layout, _ in CHESS_LAYOUTS:
+        for budget in (None, 0, 3):
+            src = chess_variant(layout, illegal_budget=budget)
+            constants = _literal_constants(src)
+            for name in ("SYSTEM_PROMPT", "USER_PROMPT", "MAX_TURNS", "FORMAT_RETRY_BUDGET"):
+                assert constants[name] == h0_constant("chess", name)
+            want = h0_constant("chess", "ILLEGAL_MOVE_RETRY_BUDGET") if budget is None else budget
+            assert constants["ILLEGAL_MOVE_RETRY_BUDGET"] == want
+            assert constants["LAYOUT"] == layout
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, _, layout, budget, board in CHESS_VARIANTS:
+            path = Path(tmp) / "variant.py"
+            path.write_text(chess_variant(layout, illegal_budget=budget, show_board=board))
+            result = validate_harness(path, "chess")
+            assert result.ok, (name, result.reason)
+    with pytest.raises(ValueError, match="unknown chess layout 'grid'; the layouts are raw, "):
+        chess_variant("grid")
+    with pytest.raises(ValueError, match="illegal_budget must be >= 0, got -1"):
+        chess_variant("raw", illegal_budget=-1)
+
+
+def test_calibrate_scores_chess_variants_against_h0(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from whale_lab.commands.micro import add_calibrate_arguments, run_calibrate
+    from whale_lab.config import load_config
+    from whale_lab.micro.calibrate import CHESS_VARIANTS
+
+    p = argparse.ArgumentParser()
+    add_calibrate_arguments(p)
+    out = tmp_path / "variants.json"
+    args = p.parse_args(["--chess-variants", "--tasks", "2", "--k", "2", "--json", str(out)])
+    cfg = load_config(None, ["sampling.max_new_tokens=16"])
+    assert run_calibrate(cfg, args) == 0
+    table = capsys.readouterr().out
+    lines = [ln for ln in table.splitlines() if ln.startswith("| ")]
+    assert lines[0].startswith("| harness | differs from h0 in | mean@2 | vs h0 |")
+    names = [ln.split("|")[1].strip() for ln in lines[1:]]
+    assert names == ["h0"] + [v[0] for v in CHESS_VARIANTS]
+    data = json.loads(out.read_text())
+    assert sum(data["first_move_tasks"].values()) == 2
+    h0, *variants = data["rows"]
+    assert h0["paired"] is None
+    for row in variants:  # each a paired difference against h0 over the same two tasks
+        assert row["paired"]["n_tasks"] == 2
+        assert row["paired"]["diff"] == pytest.approx(row["mean"] - h0["mean"])
+    # it measures chess h0 against its variants and nothing else
+    for extra in (["--held-out"], ["--rsft-epochs", "1"], ["--domain", "math"]):
+        assert run_calibrate(cfg, p.parse_args(["--chess-variants", *extra])) == 2
+        err = capsys.readouterr().err
+        assert (
+            err.startswith("whale-lab: error: --chess-variants measures chess h0")
+            and extra[0] in err
+        )
 
 
 def test_calibration_levers_are_paired_with_intervals_and_the_interaction() -> None:

@@ -66,6 +66,13 @@ def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
         "search); RSFT still trains under h0",
     )
     p.add_argument(
+        "--chess-variants",
+        action="store_true",
+        help="instead, score chess h0 against harnesses that differ from it in one thing each "
+        "(every legal-move layout pre-training drew; 0 or 3 illegal-move retries), each paired "
+        "against h0, with mean@k by what the puzzle's first move does",
+    )
+    p.add_argument(
         "--json",
         dest="json_out",
         default=None,
@@ -92,6 +99,27 @@ def run_calibrate(cfg: Config, args: argparse.Namespace) -> int:
         return 2
     domains = list(dict.fromkeys(args.domains or DOMAINS))
     held_out = getattr(args, "held_out", False)
+    if getattr(args, "chess_variants", False):
+        clash = [
+            flag
+            for flag, on in (
+                ("--held-out", held_out),
+                ("--rsft-epochs", args.rsft_epochs > 0),
+                (
+                    "--domain " + ",".join(d for d in domains if d != "chess"),
+                    bool(args.domains) and domains != ["chess"],
+                ),
+            )
+            if on
+        ]
+        if clash:
+            print(
+                f"whale-lab: error: --chess-variants measures chess h0 against its variants only; "
+                f"drop {' and '.join(clash)}",
+                file=sys.stderr,
+            )
+            return 2
+        return _run_chess_variants(cfg, args)
     if held_out:
         from whale_lab.micro.styles import HELD_OUT
 
@@ -127,4 +155,23 @@ def run_calibrate(cfg: Config, args: argparse.Namespace) -> int:
     print(markdown_table(rows))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")
+    return 0
+
+
+def _run_chess_variants(cfg: Config, args: argparse.Namespace) -> int:
+    """`whale-lab micro calibrate --chess-variants`: the table on stdout, the log on stderr."""
+    from whale_lab.micro.calibrate import chess_variants, variants_table
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    log(
+        f"chess h0 against its variants on model {cfg.model.path!r}: val {args.tasks} tasks, "
+        f"k={args.k}"
+    )
+    rows, counts = chess_variants(cfg=cfg, tasks=args.tasks, k=args.k, log=log)
+    print(variants_table(rows, counts, args.k))
+    if args.json_out:
+        out = {"k": args.k, "first_move_tasks": counts, "rows": [asdict(r) for r in rows]}
+        Path(args.json_out).write_text(json.dumps(out, indent=2) + "\n")
     return 0

@@ -14,7 +14,10 @@ weight-limited (RSFT adds >= 15 points, the harness alone < 5); chess: both leve
 chess, with an in-process (hf) backend, it also reports the listed-move mass (`move_mass.py`):
 how much probability the model puts on the legal moves it is shown, which says whether a harness
 layout can help at all, and mean@k by what the puzzle's first solver move does (mate, capture,
-check, quiet), which says where a lever gained or lost.
+check, quiet), which says where a lever gained or lost. `--chess-variants` scores chess h0
+against harnesses that differ from it in one thing each (every legal-move layout pre-training drew,
+the illegal-move retry budget), to say whether the model reads anything it was taught better than
+h0's view before a stronger chess harness is built on it.
 """
 
 from __future__ import annotations
@@ -132,6 +135,29 @@ def harness_paths(domain: str) -> tuple[Path, Path]:
     return h0, strong
 
 
+def _measuring(cfg: Any, domain_name: str, tasks: int, k: int) -> tuple[Any, ...]:
+    """(cfg, domain, backend, sampling params, evaluator, val tasks) for `tasks` val tasks at k:
+    every arm is scored by one evaluator with the same seeds, so arms pair task by task."""
+    from whale_lab.backends import make_backend
+    from whale_lab.config import SplitSizes
+    from whale_lab.context import Evaluator
+    from whale_lab.domains import make_domain
+    from whale_lab.evaluate import sampling_params
+
+    splits = replace(cfg.domain.splits, val=tasks)
+    if not isinstance(splits, SplitSizes):  # pragma: no cover - defensive
+        raise TypeError("domain.splits")
+    cfg = cfg.replace(
+        domain=replace(cfg.domain, name=domain_name, splits=splits, harness=""),
+        sampling=replace(cfg.sampling, k=k),
+    )
+    domain = make_domain(cfg)
+    backend = make_backend(cfg)
+    params = sampling_params(cfg, cfg.run.seed)
+    evaluator = Evaluator.from_config(cfg, backend, domain)
+    return cfg, domain, backend, params, evaluator, domain.tasks("val")
+
+
 def calibrate_domain(
     domain_name: str,
     *,
@@ -147,11 +173,7 @@ def calibrate_domain(
     `held_out`: h0 and strong are scored in the formats pre-training never drew
     (`styles.held_out_harness`); RSFT still trains under the shipped h0, so the weight lever there
     says how far what RSFT taught carries to formats the model was not taught."""
-    from whale_lab.backends import make_backend
-    from whale_lab.config import SplitSizes
-    from whale_lab.context import Evaluator, RunContext
-    from whale_lab.domains import make_domain
-    from whale_lab.evaluate import sampling_params
+    from whale_lab.context import RunContext
 
     t0 = time.perf_counter()
     h0_path, strong_path = harness_paths(domain_name)
@@ -165,18 +187,7 @@ def calibrate_domain(
         strong_path = Path(scratch.name) / "strong_held_out.py"
         h0_path.write_text(held_out_harness(domain_name, strong=False), encoding="utf-8")
         strong_path.write_text(held_out_harness(domain_name, strong=True), encoding="utf-8")
-    splits = replace(cfg.domain.splits, val=tasks)
-    if not isinstance(splits, SplitSizes):  # pragma: no cover - defensive
-        raise TypeError("domain.splits")
-    cfg = cfg.replace(
-        domain=replace(cfg.domain, name=domain_name, splits=splits, harness=""),
-        sampling=replace(cfg.sampling, k=k),
-    )
-    domain = make_domain(cfg)
-    backend = make_backend(cfg)
-    params = sampling_params(cfg, cfg.run.seed)
-    evaluator = Evaluator.from_config(cfg, backend, domain)
-    val = domain.tasks("val")
+    cfg, domain, backend, params, evaluator, val = _measuring(cfg, domain_name, tasks, k)
     diagnostics: dict[str, dict[str, float]] = {}
     scores: dict[str, dict[str, list[float | None]]] = {}
     move_mass: dict[str, float] = {}
@@ -258,6 +269,122 @@ def calibrate_domain(
             )
             log(f"  {domain_name:6s} {label:13s} by first move: {shown}")
     return row
+
+
+#: The chess harnesses `chess_variants` scores against h0: (name, what differs, layout,
+#: illegal-move retries or None for h0's, board shown).
+CHESS_VARIANTS = (
+    (
+        "annotated",
+        "legal moves with the captured piece named, check and mate",
+        "annotated",
+        None,
+        False,
+    ),
+    ("annotated+board", "the same with the ASCII board", "annotated", None, True),
+    ("san_list", "one line of uci (san) pairs", "san_list", None, False),
+    ("board_san", "board and a uci = san list, no FEN", "board_san", None, False),
+    ("uci_only", "FEN and bare UCI moves, no SAN", "uci_only", None, False),
+    ("no illegal retry", "h0's view, 0 illegal-move retries", "raw", 0, False),
+    ("3 illegal retries", "h0's view, 3 illegal-move retries", "raw", 3, False),
+)
+
+
+@dataclass
+class VariantRow:
+    """One chess harness scored against h0 on the same val tasks and seeds."""
+
+    name: str
+    differs: str
+    mean: float
+    illegal_per_turn: float
+    by_first_move: dict[str, float]
+    # the paired difference against h0 (PairedResult.to_dict()); None for h0's own row
+    paired: dict[str, Any] | None = None
+
+
+def chess_variants(
+    *, cfg: Any, tasks: int, k: int, log: Callable[[str], None] = print
+) -> tuple[list[VariantRow], dict[str, int]]:
+    """h0 and each of `CHESS_VARIANTS` (h0 but for one thing, `styles.chess_variant`), scored on
+    the same val tasks and seeds, each paired against h0; with the first-move kinds' task counts."""
+    from whale_lab.micro.styles import chess_variant
+    from whale_lab.paired import paired_difference, scores_by_task, task_means
+
+    cfg, domain, backend, params, evaluator, val = _measuring(cfg, "chess", tasks, k)
+    kinds = {t.id: first_move_kind(t.answer["fen"], t.answer["moves"]) for t in val}
+    counts = {kind: n for kind in FIRST_MOVE_KINDS if (n := sum(v == kind for v in kinds.values()))}
+    rows: list[VariantRow] = []
+    base: dict[str, list[float | None]] = {}
+    try:
+        with tempfile.TemporaryDirectory(prefix="whale-chess-variants-") as tmp:
+            arms = [("h0", "-", harness_paths("chess")[0])]
+            for name, differs, layout, budget, board in CHESS_VARIANTS:
+                path = Path(tmp) / f"{name.replace(' ', '_').replace('+', '_')}.py"
+                path.write_text(
+                    chess_variant(layout, illegal_budget=budget, show_board=board), encoding="utf-8"
+                )
+                arms.append((name, differs, path))
+            for name, differs, path in arms:
+                report = evaluator.score(path, val, k, params)
+                scores = scores_by_task(report.traces)
+                if name == "h0":
+                    base = scores
+                row = VariantRow(
+                    name=name,
+                    differs=differs,
+                    mean=float(report.mean_at_k),
+                    illegal_per_turn=round(
+                        float(report.diagnostics.get("illegal_move_rate", 0.0)), 4
+                    ),
+                    by_first_move=by_first_move(kinds, {name: task_means(scores)})[name],
+                    paired=None if name == "h0" else paired_difference(base, scores).to_dict(),
+                )
+                rows.append(row)
+                log(
+                    f"  chess  {name:18s} mean@{k} {row.mean:.3f}  "
+                    f"vs h0 {_lever(row.paired)}  ({report.seconds:.0f}s)"
+                )
+    finally:
+        backend.close()
+        domain.close()
+    return rows, counts
+
+
+def variants_table(rows: Sequence[VariantRow], counts: dict[str, int], k: int) -> str:
+    """The chess variants as a Markdown table: mean@k, the paired difference against h0 with its
+    interval, the illegal moves per turn and mean@k by the kind of the first solver move."""
+    kinds = [kind for kind in FIRST_MOVE_KINDS if kind in counts]
+    head = (
+        f"| harness | differs from h0 in | mean@{k} | vs h0 | illegal moves per turn | "
+        + " | ".join(f"{kind} ({counts[kind]})" for kind in kinds)
+        + " |\n|"
+        + "---|" * (5 + len(kinds))
+    )
+    lines = [head]
+    notes: list[str] = []
+    for r in rows:
+        parts = " | ".join(_pct(r.by_first_move.get(kind)) for kind in kinds)
+        lines.append(
+            f"| {r.name} | {r.differs} | {_pct(r.mean)} | {_lever(r.paired)} | "
+            f"{r.illegal_per_turn:.2f} | {parts} |"
+        )
+        if r.paired and not r.paired.get("excludes_zero"):
+            need = r.paired.get("needed_tasks")
+            size = f"; about {need} tasks would resolve a difference this size" if need else ""
+            notes.append(
+                f"- {r.name}: {_lever(r.paired)} on {r.paired['n_tasks']} tasks, "
+                f"no difference detected at this size{size}"
+            )
+    if rows:
+        lines.append("")
+        lines.append(
+            "vs h0: the variant minus h0 in points on the same val tasks and seeds, 95% "
+            "percentile bootstrap interval over tasks; the kinds: what the puzzle's first solver "
+            "move does (tasks in brackets)."
+        )
+        lines.extend(notes)
+    return "\n".join(lines)
 
 
 def _pct(x: float | None) -> str:

@@ -614,6 +614,39 @@ def chess_style(rng: random.Random, *, h0_share: float = 0.3) -> Style:
     return Style("chess", f"chess-{layout}", source, params)
 
 
+def chess_variant(
+    layout: str = "raw", *, illegal_budget: int | None = None, show_board: bool = False
+) -> str:
+    """Source of a chess harness that is h0 (its wording, `<move>` tags and limits) but for one
+    thing: the legal-move layout, one of pre-training's `CHESS_LAYOUTS`, or its illegal-move retry
+    budget. `micro calibrate --chess-variants` scores these against h0, to tell whether the model
+    reads any layout it was taught better than h0's, before a stronger harness is built on one."""
+    layouts = [name for name, _ in CHESS_LAYOUTS]
+    if layout not in layouts:
+        raise ValueError(f"unknown chess layout {layout!r}; the layouts are {', '.join(layouts)}")
+    budget = (
+        h0_constant("chess", "ILLEGAL_MOVE_RETRY_BUDGET")
+        if illegal_budget is None
+        else illegal_budget
+    )
+    if budget < 0:
+        raise ValueError(f"illegal_budget must be >= 0, got {budget}")
+    values = {
+        "SYSTEM_PROMPT": h0_constant("chess", "SYSTEM_PROMPT"),
+        "USER_PROMPT": h0_constant("chess", "USER_PROMPT"),
+        "MAX_TURNS": h0_constant("chess", "MAX_TURNS"),
+        "FORMAT_RETRY_BUDGET": h0_constant("chess", "FORMAT_RETRY_BUDGET"),
+        "ILLEGAL_MOVE_RETRY_BUDGET": budget,
+        "LAYOUT": layout,
+        "SHOW_BOARD": show_board,
+        "MOVE_OPEN": "<move>",
+        "MOVE_CLOSE": "</move>",
+        "FEEDBACK": "{detail}",
+    }
+    doc = f'"""Chess h0 with the {layout} layout and {budget} illegal-move retries (calibration)."""\n\n'
+    return doc + _constants(values) + "\n" + CHESS_BODY
+
+
 STYLE_MAKERS = {"math": math_style, "search": search_style, "chess": chess_style}
 
 
