@@ -318,6 +318,47 @@ def test_pretrain_rejects_a_chess_reply_weight_below_one(
     assert "--chess-reply-weight must be >= 1, got 0.5" in capsys.readouterr().err
 
 
+def test_the_math_mistake_rate_moves_the_reference_success() -> None:
+    """`--math-mistake-rate` shifts every difficulty's chance of a deliberate mistake by the same
+    amount, so their mean over the mix is the rate asked for; the default keeps the shipped
+    rates; fewer mistakes make more of the reference transcripts right."""
+    from whale_lab.micro.transcript_math import (
+        MATH_DIFFICULTY_WEIGHTS,
+        MATH_MISTAKE_RATE,
+        MATH_NOISE_BY_DIFFICULTY,
+        math_noise,
+    )
+
+    assert MATH_MISTAKE_RATE == pytest.approx(0.524)
+    for d, base in MATH_NOISE_BY_DIFFICULTY.items():
+        assert math_noise(d) == base
+        assert math_noise(d, MATH_MISTAKE_RATE) == pytest.approx(base)
+    total = sum(MATH_DIFFICULTY_WEIGHTS.values())
+    for rate in (0.2, 0.7):
+        mean = sum(math_noise(d, rate) * w for d, w in MATH_DIFFICULTY_WEIGHTS.items()) / total
+        assert mean == pytest.approx(rate)
+        spread = [math_noise(d, rate) - math_noise(1, rate) for d in MATH_NOISE_BY_DIFFICULTY]
+        assert spread == pytest.approx([b - 0.45 for b in MATH_NOISE_BY_DIFFICULTY.values()])
+    assert math_noise(5, 1.0) == 1.0 and math_noise(1, 0.0) == 0.0  # clipped to 0..1
+
+    def success(rate: float) -> float:
+        items = T.math_transcripts(40, random.Random(5), mistake_rate=rate)
+        return sum(t.reward for t in items) / len(items)
+
+    assert success(0.05) > success(0.524) > success(0.95)
+
+    assert P.config_from_args(_pretrain_args()).math_mistake_rate is None  # the shipped recipe
+    args = _pretrain_args("--math-mistake-rate", "0.7")
+    assert P.config_from_args(args).math_mistake_rate == 0.7
+
+
+def test_pretrain_rejects_a_math_mistake_rate_outside_zero_to_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert P.run_pretrain(_pretrain_args("--math-mistake-rate", "1.5")) == 2
+    assert "--math-mistake-rate must be in 0..1, got 1.5" in capsys.readouterr().err
+
+
 #: A model small enough to pre-train in seconds on one thread.
 TINY_MODEL = (
     *("--hidden", "32", "--layers", "1", "--vocab", "400"),

@@ -122,14 +122,37 @@ def _break_syntax(code: str, rng: random.Random) -> str:
 
 MATH_NOISE_BY_DIFFICULTY = {1: 0.45, 2: 0.5, 3: 0.55, 4: 0.6, 5: 0.65}
 MATH_DIFFICULTY_WEIGHTS = {1: 0.3, 2: 0.26, 3: 0.2, 4: 0.14, 5: 0.1}
+#: The mean of the rates above over the difficulty mix (0.524).
+MATH_MISTAKE_RATE = sum(
+    MATH_NOISE_BY_DIFFICULTY[d] * w for d, w in MATH_DIFFICULTY_WEIGHTS.items()
+) / sum(MATH_DIFFICULTY_WEIGHTS.values())
+
+
+def math_noise(difficulty: int, mistake_rate: float | None = None) -> float:
+    """The chance a reference solution of this difficulty carries a deliberate mistake: the
+    shipped rates, or (`mistake_rate`) the same spread moved so that its mean over the difficulty
+    mix is `mistake_rate`, clipped to 0..1. The micro model's math h0 follows the reference
+    policy's success rate (about 47% at the shipped rates, whatever the number of transcripts),
+    so this is the recipe's handle on it."""
+    base = MATH_NOISE_BY_DIFFICULTY.get(difficulty, 0.5)
+    if mistake_rate is None:
+        return base
+    return min(1.0, max(0.0, base + mistake_rate - MATH_MISTAKE_RATE))
 
 
 class MathPolicy(Policy):
-    def __init__(self, problem: Any, style: Style, rng: random.Random) -> None:
+    def __init__(
+        self,
+        problem: Any,
+        style: Style,
+        rng: random.Random,
+        *,
+        mistake_rate: float | None = None,
+    ) -> None:
         self.style = style
         self.rng = rng
         code = problem.solution_code.strip() if rng.random() < 0.6 else single_expression(problem)
-        noisy = rng.random() < MATH_NOISE_BY_DIFFICULTY.get(problem.difficulty, 0.5)
+        noisy = rng.random() < math_noise(problem.difficulty, mistake_rate)
         self.code = _mutate(code, problem.question, rng) if noisy else code
         self.syntax_slip = rng.random() < 0.015
         self.format_slip = rng.random() < 0.01
@@ -204,8 +227,13 @@ def math_problems(n: int, seed: str = PRETRAIN_MATH_SEED) -> list[Any]:
 
 
 def math_transcripts(
-    n: int, rng: random.Random, cache: RuntimeCache | None = None
+    n: int,
+    rng: random.Random,
+    cache: RuntimeCache | None = None,
+    *,
+    mistake_rate: float | None = None,
 ) -> list[Transcript]:
+    """`n` math dialogues; `mistake_rate`: see `math_noise` (None: the shipped rates)."""
     from whale_lab.domains.math import normalise_math_action
 
     cache = cache or RuntimeCache()
@@ -223,7 +251,12 @@ def math_transcripts(
         env = env_cls(task, None)
         out.append(
             run_episode(
-                task, env, normalise_math_action, cache.get(style), style, MathPolicy(p, style, rng)
+                task,
+                env,
+                normalise_math_action,
+                cache.get(style),
+                style,
+                MathPolicy(p, style, rng, mistake_rate=mistake_rate),
             )
         )
     return out

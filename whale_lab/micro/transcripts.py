@@ -118,12 +118,15 @@ class DataSizes:
     chess_puzzles: int = 2000
 
 
-def build_transcripts(sizes: DataSizes, seed: int = 0) -> list[Transcript]:
-    """Every pre-training transcript for the given sizes, in a seeded order."""
+def build_transcripts(
+    sizes: DataSizes, seed: int = 0, *, math_mistake_rate: float | None = None
+) -> list[Transcript]:
+    """Every pre-training transcript for the given sizes, in a seeded order;
+    `math_mistake_rate`: see `transcript_math.math_noise` (None: the shipped rates)."""
     rng = random.Random(f"whale-micro-transcripts:{seed}")
     cache = RuntimeCache()
     out: list[Transcript] = []
-    out += math_transcripts(sizes.math, rng, cache)
+    out += math_transcripts(sizes.math, rng, cache, mistake_rate=math_mistake_rate)
     out += search_transcripts(sizes.search, rng, cache)
     if sizes.chess:
         puzzles = chess_puzzles(sizes.chess_puzzles)
