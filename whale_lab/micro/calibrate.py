@@ -370,12 +370,7 @@ def variants_table(rows: Sequence[VariantRow], counts: dict[str, int], k: int) -
             f"{r.illegal_per_turn:.2f} | {parts} |"
         )
         if r.paired and not r.paired.get("excludes_zero"):
-            need = r.paired.get("needed_tasks")
-            size = f"; about {need} tasks would resolve a difference this size" if need else ""
-            notes.append(
-                f"- {r.name}: {_lever(r.paired)} on {r.paired['n_tasks']} tasks, "
-                f"no difference detected at this size{size}"
-            )
+            notes.append(_undetected(r.name, r.paired))
     if rows:
         lines.append("")
         lines.append(
@@ -385,6 +380,16 @@ def variants_table(rows: Sequence[VariantRow], counts: dict[str, int], k: int) -
         )
         lines.extend(notes)
     return "\n".join(lines)
+
+
+def _undetected(label: str, result: dict[str, Any]) -> str:
+    """The line under a table for a paired difference whose interval includes zero."""
+    need = result.get("needed_tasks")
+    size = f"; about {need} tasks would resolve a difference this size" if need else ""
+    return (
+        f"- {label}: {_lever(result)} on {result['n_tasks']} tasks, "
+        f"no difference detected at this size{size}"
+    )
 
 
 def _pct(x: float | None) -> str:
@@ -425,12 +430,7 @@ def markdown_table(rows: Sequence[CalibrationRow]) -> str:
         named = [(name, r.paired.get(name)) for name, _, _ in LEVERS]
         for name, result in [*named, ("interaction", inter)]:
             if result and not result.get("excludes_zero"):
-                need = result.get("needed_tasks")
-                size = f"; about {need} tasks would resolve a difference this size" if need else ""
-                notes.append(
-                    f"- {r.domain}, {name}: {_lever(result)} on {result['n_tasks']} tasks, "
-                    f"no difference detected at this size{size}"
-                )
+                notes.append(_undetected(f"{r.domain}, {name}", result))
     if rows:
         lines.append("")
         lines.append(
