@@ -109,6 +109,13 @@ def first_move_kind(fen: str, moves: Sequence[str]) -> str:
     return "check" if board.is_check() else "quiet"
 
 
+def first_move_kinds(tasks: Sequence[Any]) -> tuple[dict[str, str], dict[str, int]]:
+    """Each chess task's first-move kind by task id, and how many tasks each kind has."""
+    kinds = {t.id: first_move_kind(t.answer["fen"], t.answer["moves"]) for t in tasks}
+    counts = {kind: n for kind in FIRST_MOVE_KINDS if (n := sum(v == kind for v in kinds.values()))}
+    return kinds, counts
+
+
 def by_first_move(
     kinds: dict[str, str], task_means: dict[str, dict[str, float]]
 ) -> dict[str, dict[str, float]]:
@@ -258,11 +265,8 @@ def calibrate_domain(
     row.paired = paired_levers(scores)
     row.move_mass = move_mass or None
     if domain_name == "chess":
-        kinds = {t.id: first_move_kind(t.answer["fen"], t.answer["moves"]) for t in val}
+        kinds, row.first_move_tasks = first_move_kinds(val)
         row.by_first_move = by_first_move(kinds, row.task_means)
-        row.first_move_tasks = {
-            kind: n for kind in FIRST_MOVE_KINDS if (n := sum(v == kind for v in kinds.values()))
-        }
         for label, parts in row.by_first_move.items():
             shown = ", ".join(
                 f"{kind} {100 * v:.1f}% ({row.first_move_tasks[kind]})" for kind, v in parts.items()
@@ -312,8 +316,7 @@ def chess_variants(
     from whale_lab.paired import paired_difference, scores_by_task, task_means
 
     cfg, domain, backend, params, evaluator, val = _measuring(cfg, "chess", tasks, k)
-    kinds = {t.id: first_move_kind(t.answer["fen"], t.answer["moves"]) for t in val}
-    counts = {kind: n for kind in FIRST_MOVE_KINDS if (n := sum(v == kind for v in kinds.values()))}
+    kinds, counts = first_move_kinds(val)
     rows: list[VariantRow] = []
     base: dict[str, list[float | None]] = {}
     try:
