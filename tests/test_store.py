@@ -51,3 +51,39 @@ def test_unknown_event_types_are_ignored(tmp_path: Path) -> None:
                  + json.dumps({"type": "log", "level": "info", "message": "hi", "ts": 1.0}) + "\n")
     store = RunStore(tmp_path)
     assert store.events() == [ev.Log(level="info", message="hi", ts=1.0)]
+
+
+def test_runs_created_in_the_same_second_get_their_own_folders(tmp_path: Path) -> None:
+    """Two processes that start in the same second race between "does it exist" and "create it";
+    the folder is claimed by an exclusive mkdir, so each gets its own (here the race is made
+    certain by creating several stores under one fixed id from parallel threads)."""
+    import threading
+    from unittest import mock
+
+    roots: list[Path] = []
+    lock = threading.Lock()
+    start = threading.Barrier(8)
+
+    def make() -> None:
+        start.wait()
+        store = RunStore.create(tmp_path, "eval")
+        with lock:
+            roots.append(store.root)
+        store.close()
+
+    with mock.patch("whale_lab.store.new_run_id", return_value="20261205-085502-eval"):
+        threads = [threading.Thread(target=make) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    names = sorted(r.name for r in roots)
+    assert len(set(names)) == 8
+    assert names[0] == "20261205-085502-eval"
+    assert set(names[1:]) == {f"20261205-085502-eval-{n}" for n in range(2, 9)}
+    # a folder somebody else created first is never reused
+    with mock.patch("whale_lab.store.new_run_id", return_value="20261205-085502-eval"):
+        with mock.patch.object(Path, "exists", return_value=False):
+            late = RunStore.create(tmp_path, "eval")
+    assert late.root.name == "20261205-085502-eval-9"
+    late.close()

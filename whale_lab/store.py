@@ -117,13 +117,20 @@ class RunStore:
 
     @classmethod
     def create(cls, directory: str | Path, name: str) -> RunStore:
+        """A new run folder, claimed with an exclusive `mkdir`: two processes started in the same
+        second (two `eval`s side by side) get `<id>` and `<id>-2`, never one shared folder."""
         base = Path(directory)
+        base.mkdir(parents=True, exist_ok=True)
         run_id = new_run_id(name)
         root = base / run_id
         n = 1
-        while root.exists():
-            n += 1
-            root = base / f"{run_id}-{n}"
+        while True:
+            try:
+                root.mkdir()
+                break
+            except FileExistsError:
+                n += 1
+                root = base / f"{run_id}-{n}"
         return cls(root)
 
     @property
