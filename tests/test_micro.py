@@ -532,15 +532,47 @@ def test_chess_variants_are_h0_but_for_one_thing() -> None:
             assert constants["ILLEGAL_MOVE_RETRY_BUDGET"] == want
             assert constants["LAYOUT"] == layout
     with tempfile.TemporaryDirectory() as tmp:
-        for name, _, layout, budget, board in CHESS_VARIANTS:
+        for name, _, layout, budget, board, forcing in CHESS_VARIANTS:
             path = Path(tmp) / "variant.py"
-            path.write_text(chess_variant(layout, illegal_budget=budget, show_board=board))
+            path.write_text(
+                chess_variant(
+                    layout, illegal_budget=budget, show_board=board, forcing_first=forcing
+                )
+            )
             result = validate_harness(path, "chess")
             assert result.ok, (name, result.reason)
     with pytest.raises(ValueError, match="unknown chess layout 'grid'; the layouts are raw, "):
         chess_variant("grid")
     with pytest.raises(ValueError, match="illegal_budget must be >= 0, got -1"):
         chess_variant("raw", illegal_budget=-1)
+
+
+def test_forcing_first_variant_only_reorders_the_legal_moves() -> None:
+    """Mates, then checks, then captures, then the rest, each group in the verifier's order; the
+    rest of the view is h0's, line for line."""
+    from whale_lab.harness.chess_contract import documented_observation
+    from whale_lab.micro.styles import chess_variant
+
+    namespace: dict[str, object] = {}
+    exec(chess_variant("raw", forcing_first=True), namespace)  # the project's own source
+    render = namespace["format_observation"]
+    # white: Ra8 mates, Bxf7 checks, Nxe5 captures; the rest are quiet, listed before Ra8#
+    fen = "6k1/5ppp/1p6/4p3/8/1B3N2/5PPP/R5K1 w - - 0 1"
+    raw = documented_observation(fen)
+    shown = render(raw, side_to_move="white")
+    moves = [ln for ln in raw.splitlines() if ln.startswith("- [")]
+    kept = [ln for ln in raw.splitlines() if not ln.startswith("- [")]
+    assert [ln for ln in shown.splitlines() if not ln.startswith("- [")] == kept
+
+    def rank(line: str) -> int:
+        san = line.split("SAN=")[1]
+        return 0 if san.endswith("#") else 1 if san.endswith("+") else 2 if "x" in san else 3
+
+    listed = [ln for ln in shown.splitlines() if ln.startswith("- [")]
+    assert listed == sorted(moves, key=rank)
+    assert [rank(ln) for ln in listed[:3]] == [0, 1, 2]
+    assert listed != moves
+    assert render("no legal-move list here") == "no legal-move list here"
 
 
 def test_calibrate_scores_chess_variants_against_h0(

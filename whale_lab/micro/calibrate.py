@@ -276,7 +276,7 @@ def calibrate_domain(
 
 
 #: The chess harnesses `chess_variants` scores against h0: (name, what differs, layout,
-#: illegal-move retries or None for h0's, board shown).
+#: illegal-move retries or None for h0's, board shown, forcing moves listed first).
 CHESS_VARIANTS = (
     (
         "annotated",
@@ -284,13 +284,22 @@ CHESS_VARIANTS = (
         "annotated",
         None,
         False,
+        False,
     ),
-    ("annotated+board", "the same with the ASCII board", "annotated", None, True),
-    ("san_list", "one line of uci (san) pairs", "san_list", None, False),
-    ("board_san", "board and a uci = san list, no FEN", "board_san", None, False),
-    ("uci_only", "FEN and bare UCI moves, no SAN", "uci_only", None, False),
-    ("no illegal retry", "h0's view, 0 illegal-move retries", "raw", 0, False),
-    ("3 illegal retries", "h0's view, 3 illegal-move retries", "raw", 3, False),
+    ("annotated+board", "the same with the ASCII board", "annotated", None, True, False),
+    ("san_list", "one line of uci (san) pairs", "san_list", None, False, False),
+    ("board_san", "board and a uci = san list, no FEN", "board_san", None, False, False),
+    ("uci_only", "FEN and bare UCI moves, no SAN", "uci_only", None, False, False),
+    ("no illegal retry", "h0's view, 0 illegal-move retries", "raw", 0, False, False),
+    ("3 illegal retries", "h0's view, 3 illegal-move retries", "raw", 3, False, False),
+    (
+        "forcing moves first",
+        "h0's list reordered: mates, checks, captures, then the rest",
+        "raw",
+        None,
+        False,
+        True,
+    ),
 )
 
 
@@ -322,11 +331,12 @@ def chess_variants(
     try:
         with tempfile.TemporaryDirectory(prefix="whale-chess-variants-") as tmp:
             arms = [("h0", "-", harness_paths("chess")[0])]
-            for name, differs, layout, budget, board in CHESS_VARIANTS:
+            for name, differs, layout, budget, board, forcing in CHESS_VARIANTS:
                 path = Path(tmp) / f"{name.replace(' ', '_').replace('+', '_')}.py"
-                path.write_text(
-                    chess_variant(layout, illegal_budget=budget, show_board=board), encoding="utf-8"
+                source = chess_variant(
+                    layout, illegal_budget=budget, show_board=board, forcing_first=forcing
                 )
+                path.write_text(source, encoding="utf-8")
                 arms.append((name, differs, path))
             for name, differs, path in arms:
                 report = evaluator.score(path, val, k, params)

@@ -614,13 +614,46 @@ def chess_style(rng: random.Random, *, h0_share: float = 0.3) -> Style:
     return Style("chess", f"chess-{layout}", source, params)
 
 
+# Appended to a variant's source: the legal-move lines reordered before any layout renders them.
+# Pre-training always lists the moves in the verifier's order, so this measures whether the model
+# reads the list by what each move does or by where it stands.
+FORCING_FIRST = r"""
+
+_render = format_observation
+
+
+def _forcing_rank(line):
+    san = line.split("SAN=", 1)[1].strip()
+    if san.endswith("#"):
+        return 0
+    if san.endswith("+"):
+        return 1
+    return 2 if "x" in san else 3
+
+
+def format_observation(observation, **context):
+    lines = str(observation).splitlines()
+    spots = [i for i, line in enumerate(lines) if _MOVE.match(line)]
+    ordered = sorted((lines[i] for i in spots), key=_forcing_rank)
+    for i, line in zip(spots, ordered):
+        lines[i] = line
+    return _render("\n".join(lines), **context)
+"""
+
+
 def chess_variant(
-    layout: str = "raw", *, illegal_budget: int | None = None, show_board: bool = False
+    layout: str = "raw",
+    *,
+    illegal_budget: int | None = None,
+    show_board: bool = False,
+    forcing_first: bool = False,
 ) -> str:
     """Source of a chess harness that is h0 (its wording, `<move>` tags and limits) but for one
-    thing: the legal-move layout, one of pre-training's `CHESS_LAYOUTS`, or its illegal-move retry
-    budget. `micro calibrate --chess-variants` scores these against h0, to tell whether the model
-    reads any layout it was taught better than h0's, before a stronger harness is built on one."""
+    thing: the legal-move layout, one of pre-training's `CHESS_LAYOUTS`, its illegal-move retry
+    budget, or (`forcing_first`) the order of its legal-move list: mates, checks, captures, then
+    the rest, each group in the verifier's order. `micro calibrate --chess-variants` scores these
+    against h0, to tell whether the model reads any layout it was taught better than h0's, before
+    a stronger harness is built on one."""
     layouts = [name for name, _ in CHESS_LAYOUTS]
     if layout not in layouts:
         raise ValueError(f"unknown chess layout {layout!r}; the layouts are {', '.join(layouts)}")
@@ -643,8 +676,12 @@ def chess_variant(
         "MOVE_CLOSE": "</move>",
         "FEEDBACK": "{detail}",
     }
-    doc = f'"""Chess h0 with the {layout} layout and {budget} illegal-move retries (calibration)."""\n\n'
-    return doc + _constants(values) + "\n" + CHESS_BODY
+    order = ", forcing moves listed first" if forcing_first else ""
+    doc = (
+        f'"""Chess h0 with the {layout} layout and {budget} illegal-move retries{order} '
+        '(calibration)."""\n\n'
+    )
+    return doc + _constants(values) + "\n" + CHESS_BODY + (FORCING_FIRST if forcing_first else "")
 
 
 STYLE_MAKERS = {"math": math_style, "search": search_style, "chess": chess_style}
