@@ -532,15 +532,11 @@ def test_chess_variants_are_h0_but_for_one_thing() -> None:
             assert constants["ILLEGAL_MOVE_RETRY_BUDGET"] == want
             assert constants["LAYOUT"] == layout
     with tempfile.TemporaryDirectory() as tmp:
-        for name, _, layout, budget, board, forcing in CHESS_VARIANTS:
+        for variant in CHESS_VARIANTS:
             path = Path(tmp) / "variant.py"
-            path.write_text(
-                chess_variant(
-                    layout, illegal_budget=budget, show_board=board, forcing_first=forcing
-                )
-            )
+            path.write_text(variant.source())
             result = validate_harness(path, "chess")
-            assert result.ok, (name, result.reason)
+            assert result.ok, (variant.name, result.reason)
     with pytest.raises(ValueError, match="unknown chess layout 'grid'; the layouts are raw, "):
         chess_variant("grid")
     with pytest.raises(ValueError, match="illegal_budget must be >= 0, got -1"):
@@ -592,7 +588,7 @@ def test_calibrate_scores_chess_variants_against_h0(
     lines = [ln for ln in table.splitlines() if ln.startswith("| ")]
     assert lines[0].startswith("| harness | differs from h0 in | mean@2 | vs h0 |")
     names = [ln.split("|")[1].strip() for ln in lines[1:]]
-    assert names == ["h0"] + [v[0] for v in CHESS_VARIANTS]
+    assert names == ["h0"] + [v.name for v in CHESS_VARIANTS]
     data = json.loads(out.read_text())
     assert sum(data["first_move_tasks"].values()) == 2
     h0, *variants = data["rows"]

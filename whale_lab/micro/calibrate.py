@@ -275,30 +275,42 @@ def calibrate_domain(
     return row
 
 
-#: The chess harnesses `chess_variants` scores against h0: (name, what differs, layout,
-#: illegal-move retries or None for h0's, board shown, forcing moves listed first).
+@dataclass(frozen=True)
+class ChessVariant:
+    """A chess harness that is h0 but for one thing, scored against h0 by `chess_variants`."""
+
+    name: str
+    differs: str  # what differs from h0, for the table
+    layout: str = "raw"
+    illegal_budget: int | None = None  # None: h0's
+    show_board: bool = False
+    forcing_first: bool = False
+
+    def source(self) -> str:
+        from whale_lab.micro.styles import chess_variant
+
+        return chess_variant(
+            self.layout,
+            illegal_budget=self.illegal_budget,
+            show_board=self.show_board,
+            forcing_first=self.forcing_first,
+        )
+
+
 CHESS_VARIANTS = (
-    (
-        "annotated",
-        "legal moves with the captured piece named, check and mate",
-        "annotated",
-        None,
-        False,
-        False,
+    ChessVariant(
+        "annotated", "legal moves with the captured piece named, check and mate", "annotated"
     ),
-    ("annotated+board", "the same with the ASCII board", "annotated", None, True, False),
-    ("san_list", "one line of uci (san) pairs", "san_list", None, False, False),
-    ("board_san", "board and a uci = san list, no FEN", "board_san", None, False, False),
-    ("uci_only", "FEN and bare UCI moves, no SAN", "uci_only", None, False, False),
-    ("no illegal retry", "h0's view, 0 illegal-move retries", "raw", 0, False, False),
-    ("3 illegal retries", "h0's view, 3 illegal-move retries", "raw", 3, False, False),
-    (
+    ChessVariant("annotated+board", "the same with the ASCII board", "annotated", show_board=True),
+    ChessVariant("san_list", "one line of uci (san) pairs", "san_list"),
+    ChessVariant("board_san", "board and a uci = san list, no FEN", "board_san"),
+    ChessVariant("uci_only", "FEN and bare UCI moves, no SAN", "uci_only"),
+    ChessVariant("no illegal retry", "h0's view, 0 illegal-move retries", illegal_budget=0),
+    ChessVariant("3 illegal retries", "h0's view, 3 illegal-move retries", illegal_budget=3),
+    ChessVariant(
         "forcing moves first",
         "h0's list reordered: mates, checks, captures, then the rest",
-        "raw",
-        None,
-        False,
-        True,
+        forcing_first=True,
     ),
 )
 
@@ -321,7 +333,6 @@ def chess_variants(
 ) -> tuple[list[VariantRow], dict[str, int]]:
     """h0 and each of `CHESS_VARIANTS` (h0 but for one thing, `styles.chess_variant`), scored on
     the same val tasks and seeds, each paired against h0; with the first-move kinds' task counts."""
-    from whale_lab.micro.styles import chess_variant
     from whale_lab.paired import paired_difference, scores_by_task, task_means
 
     cfg, domain, backend, params, evaluator, val = _measuring(cfg, "chess", tasks, k)
@@ -331,13 +342,11 @@ def chess_variants(
     try:
         with tempfile.TemporaryDirectory(prefix="whale-chess-variants-") as tmp:
             arms = [("h0", "-", harness_paths("chess")[0])]
-            for name, differs, layout, budget, board, forcing in CHESS_VARIANTS:
-                path = Path(tmp) / f"{name.replace(' ', '_').replace('+', '_')}.py"
-                source = chess_variant(
-                    layout, illegal_budget=budget, show_board=board, forcing_first=forcing
-                )
-                path.write_text(source, encoding="utf-8")
-                arms.append((name, differs, path))
+            for variant in CHESS_VARIANTS:
+                stem = variant.name.replace(" ", "_").replace("+", "_")
+                path = Path(tmp) / f"{stem}.py"
+                path.write_text(variant.source(), encoding="utf-8")
+                arms.append((variant.name, variant.differs, path))
             for name, differs, path in arms:
                 report = evaluator.score(path, val, k, params)
                 scores = scores_by_task(report.traces)
