@@ -571,6 +571,40 @@ def test_forcing_first_variant_only_reorders_the_legal_moves() -> None:
     assert render("no legal-move list here") == "no legal-move list here"
 
 
+def test_clean_retries_variant_leaves_rejected_replies_out_of_the_context() -> None:
+    """A retry's context is the clean position: each rejected reply and the feedback on it are
+    left out, an accepted move and the position after it stay; the rest of the source is h0's."""
+    from whale_lab.micro.styles import chess_variant
+
+    namespace: dict[str, object] = {}
+    exec(chess_variant("raw", illegal_budget=10, clean_retries=True), namespace)  # own source
+    feedback = namespace["format_feedback"]
+    select = namespace["select_context"]
+    rejected = feedback("illegal", "Illegal move a1a8: no piece on a1.")
+    assert isinstance(rejected, str) and "Illegal move a1a8" in rejected
+    system = {"role": "system", "content": "You are solving a chess puzzle."}
+    first = {"role": "user", "content": "Find the best move.\n- [e2e4] SAN=e4"}
+    bad = {"role": "assistant", "content": "<move>a1a8</move>"}
+    good = {"role": "assistant", "content": "<move>e2e4</move>"}
+    after = {"role": "user", "content": "Opponent's last move: e7e5\n- [g1f3] SAN=Nf3"}
+    fb = {"role": "user", "content": rejected}
+    assert select([system, first, bad, fb]) == [system, first]
+    assert select([system, first, bad, fb, bad, fb]) == [system, first]
+    assert select([system, first, bad, fb, good, after, bad, fb]) == [system, first, good, after]
+    assert select([system, first, good, after]) == [system, first, good, after]
+    # the stronger calibration harness starts its retries the same way
+    strong: dict[str, object] = {}
+    from whale_lab.micro.calibrate import harness_paths
+
+    exec(harness_paths("chess")[1].read_text(), strong)  # the project's own harness
+    fb_strong = {"role": "user", "content": strong["format_feedback"]("illegal", "Illegal move")}
+    messages = [system, first, bad, fb_strong, good, after, bad, fb_strong]
+    assert strong["select_context"](messages) == [system, first, good, after]
+    assert chess_variant("raw", illegal_budget=10).split("(calibration)")[1] in chess_variant(
+        "raw", illegal_budget=10, clean_retries=True
+    )
+
+
 def test_calibrate_scores_chess_variants_against_h0(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -2,8 +2,11 @@
 
 Written to the WHALE chess contract. Against h0 it annotates every legal move with what it does
 (the piece it captures, promotion, check, checkmate), drops the ASCII board, explains the notation
-in a system prompt and allows two format and two illegal-move retries. It never chooses or searches
-for a move: `propose_action` returns "".
+in a system prompt, allows ten format and ten illegal-move retries (the contract's most), and
+starts every retry from the clean position: a rejected reply and the verifier's feedback on it are
+left out of the context (`select_context`), so the model samples the move again as if for the
+first time instead of reading its own mistake. It never chooses or searches for a move:
+`propose_action` returns "".
 """
 
 import re
@@ -18,8 +21,8 @@ USER_PROMPT = """Find the best move in this chess puzzle.
 
 Answer with one move as <move>uci</move>, for example <move>e2e4</move>."""
 
-FORMAT_RETRY_BUDGET = 2
-ILLEGAL_MOVE_RETRY_BUDGET = 2
+FORMAT_RETRY_BUDGET = 10
+ILLEGAL_MOVE_RETRY_BUDGET = 10
 MAX_TURNS = 12
 
 _UCI = r"[a-h][1-8][a-h][1-8][qrbn]?"
@@ -102,3 +105,25 @@ def is_legal_action(board, action):
         return False
     listed = {m.group(1).lower() for m in re.finditer(r"\[\s*(" + _UCI + r")\s*\]", str(board))}
     return move in listed
+
+
+# Marks feedback, which select_context leaves out together with the reply it answers.
+_REJECTED = "Rejected: "
+
+
+def format_feedback(kind, detail, **context):
+    return _REJECTED + str(detail)
+
+
+def select_context(messages, **context):
+    kept = []
+    for message in messages:
+        rejected = message.get("role") == "user" and str(message.get("content", "")).startswith(
+            _REJECTED
+        )
+        if rejected:
+            if kept and kept[-1].get("role") == "assistant":
+                kept.pop()
+            continue
+        kept.append(message)
+    return kept

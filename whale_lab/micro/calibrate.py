@@ -16,8 +16,9 @@ how much probability the model puts on the legal moves it is shown, which says w
 layout can help at all, and mean@k by what the puzzle's first solver move does (mate, capture,
 check, quiet), which says where a lever gained or lost. `--chess-variants` scores chess h0
 against harnesses that differ from it in one thing each (every legal-move layout pre-training drew,
-the illegal-move retry budget), to say whether the model reads anything it was taught better than
-h0's view before a stronger chess harness is built on it.
+the illegal-move retry budget, the order of the list, what a retry's context keeps), to say whether
+the model reads anything it was taught better than h0's view before a stronger chess harness is
+built on it.
 """
 
 from __future__ import annotations
@@ -285,6 +286,7 @@ class ChessVariant:
     illegal_budget: int | None = None  # None: h0's
     show_board: bool = False
     forcing_first: bool = False
+    clean_retries: bool = False
 
     def source(self) -> str:
         from whale_lab.micro.styles import chess_variant
@@ -294,6 +296,7 @@ class ChessVariant:
             illegal_budget=self.illegal_budget,
             show_board=self.show_board,
             forcing_first=self.forcing_first,
+            clean_retries=self.clean_retries,
         )
 
 
@@ -307,6 +310,13 @@ CHESS_VARIANTS = (
     ChessVariant("uci_only", "FEN and bare UCI moves, no SAN", "uci_only"),
     ChessVariant("no illegal retry", "h0's view, 0 illegal-move retries", illegal_budget=0),
     ChessVariant("3 illegal retries", "h0's view, 3 illegal-move retries", illegal_budget=3),
+    ChessVariant("10 illegal retries", "h0's view, 10 illegal-move retries", illegal_budget=10),
+    ChessVariant(
+        "10 clean retries",
+        "the same, each retry without the rejected reply and its feedback",
+        illegal_budget=10,
+        clean_retries=True,
+    ),
     ChessVariant(
         "forcing moves first",
         "h0's list reordered: mates, checks, captures, then the rest",

@@ -641,17 +641,44 @@ def format_observation(observation, **context):
 """
 
 
+# Appended to a variant's source: every retry starts from the clean position. The feedback on a
+# rejected reply is marked, and select_context leaves it out together with the reply, so the model
+# samples the move again as on the first try instead of reading its own mistake.
+CLEAN_RETRIES = r"""
+
+_REJECTED = "Rejected: "
+
+
+def format_feedback(kind, detail, **context):
+    return _REJECTED + FEEDBACK.format(detail=detail)
+
+
+def select_context(messages, **context):
+    kept = []
+    for message in messages:
+        if message.get("role") == "user" and str(message.get("content", "")).startswith(_REJECTED):
+            if kept and kept[-1].get("role") == "assistant":
+                kept.pop()
+            continue
+        kept.append(message)
+    return kept
+"""
+
+
 def chess_variant(
     layout: str = "raw",
     *,
     illegal_budget: int | None = None,
     show_board: bool = False,
     forcing_first: bool = False,
+    clean_retries: bool = False,
 ) -> str:
     """Source of a chess harness that is h0 (its wording, `<move>` tags and limits) but for one
     thing: the legal-move layout, one of pre-training's `CHESS_LAYOUTS`, its illegal-move retry
-    budget, or (`forcing_first`) the order of its legal-move list: mates, checks, captures, then
-    the rest, each group in the verifier's order. `micro calibrate --chess-variants` scores these
+    budget, (`forcing_first`) the order of its legal-move list: mates, checks, captures, then
+    the rest, each group in the verifier's order, or (`clean_retries`) the context of a retry,
+    which leaves out the rejected reply and the feedback on it. `micro calibrate
+    --chess-variants` scores these
     against h0, to tell whether the model reads any layout it was taught better than h0's, before
     a stronger harness is built on one."""
     layouts = [name for name, _ in CHESS_LAYOUTS]
@@ -677,11 +704,15 @@ def chess_variant(
         "FEEDBACK": "{detail}",
     }
     order = ", forcing moves listed first" if forcing_first else ""
+    clean = ", each retry from the clean position" if clean_retries else ""
     doc = (
-        f'"""Chess h0 with the {layout} layout and {budget} illegal-move retries{order} '
+        f'"""Chess h0 with the {layout} layout and {budget} illegal-move retries{order}{clean} '
         '(calibration)."""\n\n'
     )
-    return doc + _constants(values) + "\n" + CHESS_BODY + (FORCING_FIRST if forcing_first else "")
+    source = _constants(values) + "\n" + CHESS_BODY
+    source += FORCING_FIRST if forcing_first else ""
+    source += CLEAN_RETRIES if clean_retries else ""
+    return doc + source
 
 
 STYLE_MAKERS = {"math": math_style, "search": search_style, "chess": chess_style}
