@@ -15,8 +15,8 @@ are scored in the same waves (other sampled rewards; `candidate_scored c000` aft
 episodes); a weight-phase point that ties the best val is scored on test too (its 6 test episodes
 and test result at each of the two tied points, 14 rows); the ledger counts syncs by outcome
 (`sync_verified`, `sync_unverified`, `sync_skipped`, `sync_last`); the micro model's second
-version, then its third (each time the same 89 event types in the same order and the same key
-sets; other sampled rewards and scores). Regenerate (only for an intended behaviour change) with
+version, then its third, then its fifth (each time the same 89 event types in the same order and
+the same key sets; other sampled rewards and scores). Regenerate (only for an intended behaviour change) with
 
     WHALE_LAB_GOLDEN_WRITE=1 .venv/bin/python -m pytest tests/test_engine_golden.py
 """
@@ -56,8 +56,13 @@ def golden_config(folder: Path) -> Any:
             "rsft": {"prompts_per_step": 2, "samples_per_prompt": 2, "eval_every": 0.5},
             "harness_search": {"candidates_per_iteration": 2, "smoke_tasks": 1},
             # equal weight phases (the shipped default shortens only the first, for the app)
-            "schedule": {"kind": "whale", "cycles": 1, "weight_epochs": 0.5,
-                         "first_weight_epochs": 0.0, "harness_iterations": 2},
+            "schedule": {
+                "kind": "whale",
+                "cycles": 1,
+                "weight_epochs": 0.5,
+                "first_weight_epochs": 0.0,
+                "harness_iterations": 2,
+            },
             "approval": {"mode": "auto"},
         }
     )

@@ -223,6 +223,18 @@ def _pretrain_args(*argv: str) -> argparse.Namespace:
     return parser.parse_args(list(argv))
 
 
+def test_the_command_defaults_are_the_shipped_models_recipe() -> None:
+    """`whale-lab micro pretrain` with no option rebuilds what is shipped: every field of the
+    recipe recorded in the shipped `training_info.json` but the output folder is the default."""
+    from dataclasses import asdict
+
+    shipped = json.loads((MICRO_DIR / "training_info.json").read_text())["config"]
+    default = asdict(P.config_from_args(_pretrain_args()))
+    shipped.pop("out")
+    default.pop("out")
+    assert default == shipped
+
+
 def test_examples_tokenise_turns_as_the_backend_does(
     small_transcripts: dict[str, list[T.Transcript]],
 ) -> None:
@@ -320,7 +332,7 @@ def test_pretrain_rejects_a_chess_reply_weight_below_one(
 
 def test_the_math_mistake_rate_moves_the_reference_success() -> None:
     """`--math-mistake-rate` shifts every difficulty's chance of a deliberate mistake by the same
-    amount, so their mean over the mix is the rate asked for; the default keeps the shipped
+    amount, so their mean over the mix is the rate asked for; no rate keeps the base
     rates; fewer mistakes make more of the reference transcripts right."""
     from whale_lab.micro.transcript_math import (
         MATH_DIFFICULTY_WEIGHTS,
@@ -347,7 +359,7 @@ def test_the_math_mistake_rate_moves_the_reference_success() -> None:
 
     assert success(0.05) > success(0.524) > success(0.95)
 
-    assert P.config_from_args(_pretrain_args()).math_mistake_rate is None  # the shipped recipe
+    assert P.config_from_args(_pretrain_args()).math_mistake_rate == 0.75  # the shipped recipe
     args = _pretrain_args("--math-mistake-rate", "0.7")
     assert P.config_from_args(args).math_mistake_rate == 0.7
 

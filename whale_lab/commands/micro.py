@@ -69,8 +69,9 @@ def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
         "--chess-variants",
         action="store_true",
         help="instead, score chess h0 against harnesses that differ from it in one thing each "
-        "(every legal-move layout pre-training drew; 0 or 3 illegal-move retries), each paired "
-        "against h0, with mean@k by what the puzzle's first move does",
+        "(every legal-move layout pre-training drew; 0, 3 or 10 illegal-move retries; retries "
+        "from the clean position; forcing moves listed first), each paired against h0, with "
+        "mean@k by what the puzzle's first move does",
     )
     p.add_argument(
         "--json",

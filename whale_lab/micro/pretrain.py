@@ -46,7 +46,7 @@ class ModelShape:
 class PretrainConfig:
     """Everything that decides the result; recorded in training_info.json."""
 
-    minutes: float = 90.0  # wall-time budget for the whole recipe
+    minutes: float = 118.0  # wall-time budget for the whole recipe
     out: str = str(DEFAULT_OUT)
     seed: int = 0
     data: DataSizes = field(default_factory=DataSizes)
@@ -66,12 +66,13 @@ class PretrainConfig:
     # 1.5 times the chess transcripts, the third version's mass on the solution ended at 0.15
     # against the second's 0.03).
     chess_reply_weight: float = 3.0
-    # Mean chance a math reference solution carries a deliberate mistake (None: the shipped
-    # per-difficulty rates, mean 0.524). Math h0 was 46-52% on 8,000, 10,000 and 12,000 math
-    # transcripts, near the 47% reference success; a 20-minute math-only check with 0.75 raised
-    # h0 (25.3% -> 37.5%), while a 118-minute run with 0.75 gave 31.2% on 128 val tasks (the
-    # shipped model: 46.3%), a run that also changed the budget (README, the fifth-version trial).
-    math_mistake_rate: float | None = None
+    # Mean chance a math reference solution carries a deliberate mistake (None: the base
+    # per-difficulty rates, mean 0.524, which the third version was trained with). Math h0 was
+    # 46-52% on 8,000, 10,000 and 12,000 math transcripts at the base rates, near their 47%
+    # reference success; a 20-minute math-only check with 0.75 raised h0 (25.3% -> 37.5%), and
+    # the shipped fifth version, 118 minutes with 0.75, gives 31.2% on 128 val tasks (the third,
+    # 90 minutes at the base rates: 46.3%): the two changed together (README).
+    math_mistake_rate: float | None = 0.75
     steps: int = 0  # 0: fit the number of steps to the time budget
     threads: int = 2
     save_dtype: str = "bfloat16"
@@ -660,9 +661,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--math-mistake-rate",
         type=float,
-        default=None,
+        default=d.math_mistake_rate,
         help="mean chance a math reference solution carries a deliberate mistake, the "
-        "per-difficulty spread kept (default: the shipped rates, mean 0.52)",
+        f"per-difficulty spread kept (default {d.math_mistake_rate:g}, the shipped recipe; "
+        "the base rates average 0.524)",
     )
     p.add_argument("--hidden", type=int, default=d.shape.hidden)
     p.add_argument("--layers", type=int, default=d.shape.layers)

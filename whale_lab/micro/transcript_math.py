@@ -130,10 +130,10 @@ MATH_MISTAKE_RATE = sum(
 
 def math_noise(difficulty: int, mistake_rate: float | None = None) -> float:
     """The chance a reference solution of this difficulty carries a deliberate mistake: the
-    shipped rates, or (`mistake_rate`) the same spread moved so that its mean over the difficulty
+    base rates, or (`mistake_rate`) the same spread moved so that its mean over the difficulty
     mix is `mistake_rate`, clipped to 0..1. How it moves the model's math h0 is measured in the
-    README: more mistakes gave a better model in a 20-minute math-only check and a lower h0 in a
-    118-minute full recipe that also changed the budget."""
+    README: more mistakes gave a better model in a 20-minute math-only check and a lower h0 in the
+    shipped 118-minute recipe (0.75), which also changed the budget."""
     base = MATH_NOISE_BY_DIFFICULTY.get(difficulty, 0.5)
     if mistake_rate is None:
         return base
@@ -233,7 +233,7 @@ def math_transcripts(
     *,
     mistake_rate: float | None = None,
 ) -> list[Transcript]:
-    """`n` math dialogues; `mistake_rate`: see `math_noise` (None: the shipped rates)."""
+    """`n` math dialogues; `mistake_rate`: see `math_noise` (None: the base rates)."""
     from whale_lab.domains.math import normalise_math_action
 
     cache = cache or RuntimeCache()

@@ -110,7 +110,7 @@ class DataSizes:
     one (the board and every legal move), so chess takes most of the tokens here. A 60-minute
     trial with 5,000 math transcripts beside 10,000 chess ones left math 1.6% under h0; with
     12,000 (the second version) math's h0 rose to 51.5%, above the design's 5-40% band, so the
-    third version keeps 10,000 and gives chess 12,000."""
+    third and fifth versions keep 10,000 and give chess 12,000."""
 
     math: int = 10000
     search: int = 8000
@@ -122,7 +122,7 @@ def build_transcripts(
     sizes: DataSizes, seed: int = 0, *, math_mistake_rate: float | None = None
 ) -> list[Transcript]:
     """Every pre-training transcript for the given sizes, in a seeded order;
-    `math_mistake_rate`: see `transcript_math.math_noise` (None: the shipped rates)."""
+    `math_mistake_rate`: see `transcript_math.math_noise` (None: the base rates)."""
     rng = random.Random(f"whale-micro-transcripts:{seed}")
     cache = RuntimeCache()
     out: list[Transcript] = []
