@@ -232,7 +232,44 @@ def test_the_command_defaults_are_the_shipped_models_recipe() -> None:
     default = asdict(P.config_from_args(_pretrain_args()))
     shipped.pop("out")
     default.pop("out")
+    # options added after the shipped model was trained, at the value its recipe used
+    added_since = {"chess_h0_share": 0.3}
+    for key, value in added_since.items():
+        assert key not in shipped and default.pop(key) == value
     assert default == shipped
+
+
+def test_the_chess_h0_share_sets_how_often_h0_is_drawn_whole(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`--chess-h0-share` reaches the chess transcripts: at 0 no dialogue runs under h0 whole and
+    every legal-move layout (h0's raw one among them) is drawn; the default keeps the documented
+    0.3; a share outside 0..1 is refused with one line."""
+    from collections import Counter
+
+    from whale_lab.micro.styles import CHESS_LAYOUTS, sample_style
+
+    def draws(share: float | None, n: int = 2000) -> Counter[str]:
+        rng = random.Random(11)
+        return Counter(sample_style("chess", rng, h0_share=share).name for _ in range(n))
+
+    none = draws(0.0)
+    assert "h0" not in none
+    assert set(none) == {f"chess-{layout}" for layout, _ in CHESS_LAYOUTS}
+    assert all(300 < c < 500 for c in none.values())  # five layouts, 400 each expected
+    assert draws(1.0) == Counter({"h0": 2000})
+    assert 500 < draws(None)["h0"] < 700 and draws(None) == draws(0.3)
+    with pytest.raises(ValueError, match="h0_share must be in 0..1, got 1.5"):
+        sample_style("chess", random.Random(0), h0_share=1.5)
+
+    puzzles = T.chess_puzzles(4)
+    items = T.chess_transcripts(24, random.Random(2), puzzles, h0_share=0.0)
+    assert items and all(t.style != "h0" for t in items)
+
+    assert P.config_from_args(_pretrain_args()).chess_h0_share == 0.3
+    assert P.config_from_args(_pretrain_args("--chess-h0-share", "0")).chess_h0_share == 0.0
+    assert P.run_pretrain(_pretrain_args("--chess-h0-share", "1.5")) == 2
+    assert "--chess-h0-share must be in 0..1, got 1.5" in capsys.readouterr().err
 
 
 def test_examples_tokenise_turns_as_the_backend_does(

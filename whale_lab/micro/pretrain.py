@@ -73,6 +73,10 @@ class PretrainConfig:
     # the shipped fifth version, 118 minutes with 0.75, gives 31.2% on 128 val tasks (the third,
     # 90 minutes at the base rates: 46.3%): the two changed together (README).
     math_mistake_rate: float | None = 0.75
+    # Chance a chess transcript runs under h0 whole (`styles.chess_style`); the rest draw every
+    # legal-move layout with equal weight. 0 makes h0's raw layout one of five like the others,
+    # so the layouts a stronger harness can use get as much practice as h0's.
+    chess_h0_share: float = 0.3
     steps: int = 0  # 0: fit the number of steps to the time budget
     threads: int = 2
     save_dtype: str = "bfloat16"
@@ -406,7 +410,10 @@ def pretrain(cfg: PretrainConfig, log: Log = _say) -> dict[str, Any]:
         f"chess {cfg.data.chess} (from {cfg.data.chess_puzzles} puzzles)"
     )
     transcripts = build_transcripts(
-        cfg.data, seed=cfg.seed, math_mistake_rate=cfg.math_mistake_rate
+        cfg.data,
+        seed=cfg.seed,
+        math_mistake_rate=cfg.math_mistake_rate,
+        chess_h0_share=cfg.chess_h0_share,
     )
     t_data = time.perf_counter() - t_start
 
@@ -666,6 +673,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         f"per-difficulty spread kept (default {d.math_mistake_rate:g}, the shipped recipe; "
         "the base rates average 0.524)",
     )
+    p.add_argument(
+        "--chess-h0-share",
+        type=float,
+        default=d.chess_h0_share,
+        help="chance a chess transcript runs under h0 whole; the rest draw every legal-move "
+        f"layout with equal weight (default {d.chess_h0_share:g})",
+    )
     p.add_argument("--hidden", type=int, default=d.shape.hidden)
     p.add_argument("--layers", type=int, default=d.shape.layers)
     p.add_argument("--vocab", type=int, default=d.vocab_size)
@@ -727,6 +741,7 @@ def config_from_args(args: argparse.Namespace) -> PretrainConfig:
         ("--lr", args.lr > 0, "must be > 0"),
         ("--mass-every", args.mass_every >= 0, "must be >= 0"),
         ("--mass-tasks", args.mass_tasks >= 1, "must be >= 1"),
+        ("--chess-h0-share", 0.0 <= args.chess_h0_share <= 1.0, "must be in 0..1"),
         (
             "--math-mistake-rate",
             args.math_mistake_rate is None or 0.0 <= args.math_mistake_rate <= 1.0,
@@ -763,6 +778,7 @@ def config_from_args(args: argparse.Namespace) -> PretrainConfig:
         context_loss_weight=args.context_loss_weight,
         chess_reply_weight=args.chess_reply_weight,
         math_mistake_rate=args.math_mistake_rate,
+        chess_h0_share=args.chess_h0_share,
         batch_tokens=args.batch_tokens,
         lr=args.lr,
         move_tokens=args.move_tokens,

@@ -801,11 +801,16 @@ def held_out_harness(domain: str, *, strong: bool) -> str:
     return doc + _constants(values) + "\n" + body
 
 
-def sample_style(domain: str, rng: random.Random) -> Style:
-    """A random harness style for `domain`."""
+def sample_style(domain: str, rng: random.Random, *, h0_share: float | None = None) -> Style:
+    """A random harness style for `domain`: h0 whole with chance `h0_share` (None: the domain's
+    documented share), else a random combination of its surfaces."""
     try:
         maker = STYLE_MAKERS[domain]
     except KeyError:
         known = ", ".join(STYLE_MAKERS)
         raise ValueError(f"unknown domain {domain!r}; expected one of {known}") from None
-    return maker(rng)
+    if h0_share is None:
+        return maker(rng)
+    if not 0.0 <= h0_share <= 1.0:
+        raise ValueError(f"h0_share must be in 0..1, got {h0_share}")
+    return maker(rng, h0_share=h0_share)

@@ -176,8 +176,16 @@ CHESS_KIND_WEIGHTS = {"mateIn1": 0.45, "mateIn2": 0.2, "hangingPiece": 0.2, "for
 
 
 def chess_transcripts(
-    n: int, rng: random.Random, puzzles: Sequence[Any], cache: RuntimeCache | None = None
+    n: int,
+    rng: random.Random,
+    puzzles: Sequence[Any],
+    cache: RuntimeCache | None = None,
+    *,
+    h0_share: float | None = None,
 ) -> list[Transcript]:
+    """`n` chess dialogues; `h0_share`: the chance a dialogue runs under h0 whole (None: the
+    documented 0.3 of `styles.chess_style`; 0: every legal-move layout, h0's raw one included,
+    drawn with equal weight)."""
     from whale_lab.domains.chess import ChessDomain, ChessEnv
 
     cache = cache or RuntimeCache()
@@ -211,7 +219,7 @@ def chess_transcripts(
             },
             answer={"fen": p.fen, "moves": list(p.moves)},
         )
-        style = sample_style("chess", rng)
+        style = sample_style("chess", rng, h0_share=h0_share)
         env = ChessEnv(p.fen, list(p.moves), task_id=task.id)
         out.append(
             run_episode(task, env, normalise, cache.get(style), style, ChessPolicy(env, style, rng))

@@ -119,10 +119,15 @@ class DataSizes:
 
 
 def build_transcripts(
-    sizes: DataSizes, seed: int = 0, *, math_mistake_rate: float | None = None
+    sizes: DataSizes,
+    seed: int = 0,
+    *,
+    math_mistake_rate: float | None = None,
+    chess_h0_share: float | None = None,
 ) -> list[Transcript]:
     """Every pre-training transcript for the given sizes, in a seeded order;
-    `math_mistake_rate`: see `transcript_math.math_noise` (None: the base rates)."""
+    `math_mistake_rate`: see `transcript_math.math_noise` (None: the base rates);
+    `chess_h0_share`: see `transcript_chess.chess_transcripts` (None: the documented 0.3)."""
     rng = random.Random(f"whale-micro-transcripts:{seed}")
     cache = RuntimeCache()
     out: list[Transcript] = []
@@ -130,7 +135,7 @@ def build_transcripts(
     out += search_transcripts(sizes.search, rng, cache)
     if sizes.chess:
         puzzles = chess_puzzles(sizes.chess_puzzles)
-        out += chess_transcripts(sizes.chess, rng, puzzles, cache)
+        out += chess_transcripts(sizes.chess, rng, puzzles, cache, h0_share=chess_h0_share)
     rng.shuffle(out)
     return out
 
