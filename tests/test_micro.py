@@ -623,6 +623,7 @@ def test_forcing_first_variant_only_reorders_the_legal_moves() -> None:
 def test_clean_retries_variant_leaves_rejected_replies_out_of_the_context() -> None:
     """A retry's context is the clean position: each rejected reply and the feedback on it are
     left out, an accepted move and the position after it stay; the rest of the source is h0's."""
+    from whale_lab.micro.calibrate import harness_paths
     from whale_lab.micro.styles import chess_variant
 
     namespace: dict[str, object] = {}
@@ -643,8 +644,6 @@ def test_clean_retries_variant_leaves_rejected_replies_out_of_the_context() -> N
     assert select([system, first, good, after]) == [system, first, good, after]
     # the stronger calibration harness starts its retries the same way
     strong: dict[str, object] = {}
-    from whale_lab.micro.calibrate import harness_paths
-
     exec(harness_paths("chess")[1].read_text(), strong)  # the project's own harness
     fb_strong = {"role": "user", "content": strong["format_feedback"]("illegal", "Illegal move")}
     messages = [system, first, bad, fb_strong, good, after, bad, fb_strong]
