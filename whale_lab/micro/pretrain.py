@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from whale_lab.micro.styles import CHESS_H0_SHARE
 from whale_lab.micro.transcripts import DataSizes, Transcript
 
 IGNORE = -100
@@ -76,7 +77,7 @@ class PretrainConfig:
     # Chance a chess transcript runs under h0 whole (`styles.chess_style`); the rest draw every
     # legal-move layout with equal weight. 0 makes h0's raw layout one of five like the others,
     # so the layouts a stronger harness can use get as much practice as h0's.
-    chess_h0_share: float = 0.3
+    chess_h0_share: float = CHESS_H0_SHARE
     steps: int = 0  # 0: fit the number of steps to the time budget
     threads: int = 2
     save_dtype: str = "bfloat16"

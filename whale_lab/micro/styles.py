@@ -571,7 +571,11 @@ LAYOUT_VISIBILITY = {
 }
 
 
-def chess_style(rng: random.Random, *, h0_share: float = 0.3) -> Style:
+#: The documented share of chess transcripts run under h0 whole (`micro pretrain --chess-h0-share`).
+CHESS_H0_SHARE = 0.3
+
+
+def chess_style(rng: random.Random, *, h0_share: float = CHESS_H0_SHARE) -> Style:
     """A chess harness: h0 itself, or a random combination of the chess surfaces."""
     if rng.random() < h0_share:
         return Style(
@@ -677,10 +681,9 @@ def chess_variant(
     thing: the legal-move layout, one of pre-training's `CHESS_LAYOUTS`, its illegal-move retry
     budget, (`forcing_first`) the order of its legal-move list: mates, checks, captures, then
     the rest, each group in the verifier's order, or (`clean_retries`) the context of a retry,
-    which leaves out the rejected reply and the feedback on it. `micro calibrate
-    --chess-variants` scores these
-    against h0, to tell whether the model reads any layout it was taught better than h0's, before
-    a stronger harness is built on one."""
+    which leaves out the rejected reply and the feedback on it. `micro calibrate --chess-variants`
+    scores these against h0, to tell whether the model reads any layout it was taught better than
+    h0's, before a stronger harness is built on one."""
     layouts = [name for name, _ in CHESS_LAYOUTS]
     if layout not in layouts:
         raise ValueError(f"unknown chess layout {layout!r}; the layouts are {', '.join(layouts)}")

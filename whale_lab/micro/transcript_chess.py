@@ -184,7 +184,7 @@ def chess_transcripts(
     h0_share: float | None = None,
 ) -> list[Transcript]:
     """`n` chess dialogues; `h0_share`: the chance a dialogue runs under h0 whole (None: the
-    documented 0.3 of `styles.chess_style`; 0: every legal-move layout, h0's raw one included,
+    documented `styles.CHESS_H0_SHARE`; 0: every legal-move layout, h0's raw one included,
     drawn with equal weight)."""
     from whale_lab.domains.chess import ChessDomain, ChessEnv
 

@@ -127,7 +127,7 @@ def build_transcripts(
 ) -> list[Transcript]:
     """Every pre-training transcript for the given sizes, in a seeded order;
     `math_mistake_rate`: see `transcript_math.math_noise` (None: the base rates);
-    `chess_h0_share`: see `transcript_chess.chess_transcripts` (None: the documented 0.3)."""
+    `chess_h0_share`: see `transcript_chess.chess_transcripts` (None: `styles.CHESS_H0_SHARE`)."""
     rng = random.Random(f"whale-micro-transcripts:{seed}")
     cache = RuntimeCache()
     out: list[Transcript] = []
