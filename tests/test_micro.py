@@ -233,7 +233,7 @@ def test_the_command_defaults_are_the_shipped_models_recipe() -> None:
     shipped.pop("out")
     default.pop("out")
     # options added after the shipped model was trained, at the value its recipe used
-    added_since = {"chess_h0_share": 0.3}
+    added_since = {"chess_h0_share": 0.3, "chess_kinds": "weighted"}
     for key, value in added_since.items():
         assert key not in shipped and default.pop(key) == value
     assert default == shipped
@@ -270,6 +270,38 @@ def test_the_chess_h0_share_sets_how_often_h0_is_drawn_whole(
     assert P.config_from_args(_pretrain_args("--chess-h0-share", "0")).chess_h0_share == 0.0
     assert P.run_pretrain(_pretrain_args("--chess-h0-share", "1.5")) == 2
     assert "--chess-h0-share must be in 0..1, got 1.5" in capsys.readouterr().err
+
+
+def test_the_chess_kind_mix_sets_how_puzzle_kinds_are_drawn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`--chess-kinds` reaches the chess transcripts: "weighted" draws the kinds by
+    CHESS_KIND_WEIGHTS (mates favoured), "uniform" deals the four kinds equally, as the puzzle
+    generator deals them to the evaluation splits; an unknown mix is refused by name."""
+    from collections import Counter
+
+    from whale_lab.micro import transcript_chess as TC
+
+    puzzles = TC.chess_puzzles(8)
+    kind_of = {p.fen: p.themes[0] for p in puzzles}
+    monkeypatch.setattr(TC, "run_episode", lambda task, *rest: task.answer["fen"])
+
+    def counts(mix: str) -> Counter[str]:
+        drawn = TC.chess_transcripts(2000, random.Random(5), puzzles, h0_share=0.0, kinds=mix)
+        return Counter(kind_of[fen] for fen in drawn)  # type: ignore[index]
+
+    uniform, weighted = counts("uniform"), counts("weighted")
+    assert set(uniform) == set(weighted) == set(TC.CHESS_KIND_WEIGHTS)
+    assert all(420 < c < 580 for c in uniform.values())  # 500 each expected
+    for kind, share in TC.CHESS_KIND_WEIGHTS.items():
+        assert abs(weighted[kind] - 2000 * share) < 90, kind
+    with pytest.raises(ValueError, match="must be one of weighted, uniform, got 'even'"):
+        TC.chess_transcripts(1, random.Random(0), puzzles, kinds="even")
+
+    assert P.config_from_args(_pretrain_args()).chess_kinds == "weighted"
+    assert P.config_from_args(_pretrain_args("--chess-kinds", "uniform")).chess_kinds == "uniform"
+    with pytest.raises(SystemExit):  # argparse names the choices on stderr
+        _pretrain_args("--chess-kinds", "even")
 
 
 def test_examples_tokenise_turns_as_the_backend_does(

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from whale_lab.micro.styles import CHESS_H0_SHARE
+from whale_lab.micro.transcript_chess import CHESS_KIND_MIXES
 from whale_lab.micro.transcripts import DataSizes, Transcript
 
 IGNORE = -100
@@ -78,6 +79,9 @@ class PretrainConfig:
     # legal-move layout with equal weight. 0 makes h0's raw layout one of five like the others,
     # so the layouts a stronger harness can use get as much practice as h0's.
     chess_h0_share: float = CHESS_H0_SHARE
+    # How chess puzzle kinds are drawn (`transcript_chess.CHESS_KIND_MIXES`): "weighted" favours
+    # mates; "uniform" deals the four kinds equally, as the generator deals them to the splits.
+    chess_kinds: str = "weighted"
     steps: int = 0  # 0: fit the number of steps to the time budget
     threads: int = 2
     save_dtype: str = "bfloat16"
@@ -415,6 +419,7 @@ def pretrain(cfg: PretrainConfig, log: Log = _say) -> dict[str, Any]:
         seed=cfg.seed,
         math_mistake_rate=cfg.math_mistake_rate,
         chess_h0_share=cfg.chess_h0_share,
+        chess_kinds=cfg.chess_kinds,
     )
     t_data = time.perf_counter() - t_start
 
@@ -681,6 +686,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="chance a chess transcript runs under h0 whole; the rest draw every legal-move "
         f"layout with equal weight (default {d.chess_h0_share:g})",
     )
+    p.add_argument(
+        "--chess-kinds",
+        choices=CHESS_KIND_MIXES,
+        default=d.chess_kinds,
+        help="how chess puzzle kinds are drawn: weighted towards mates, or uniform as the "
+        f"puzzle generator deals them to the evaluation splits (default {d.chess_kinds})",
+    )
     p.add_argument("--hidden", type=int, default=d.shape.hidden)
     p.add_argument("--layers", type=int, default=d.shape.layers)
     p.add_argument("--vocab", type=int, default=d.vocab_size)
@@ -780,6 +792,7 @@ def config_from_args(args: argparse.Namespace) -> PretrainConfig:
         chess_reply_weight=args.chess_reply_weight,
         math_mistake_rate=args.math_mistake_rate,
         chess_h0_share=args.chess_h0_share,
+        chess_kinds=args.chess_kinds,
         batch_tokens=args.batch_tokens,
         lr=args.lr,
         move_tokens=args.move_tokens,

@@ -173,6 +173,10 @@ def chess_puzzles(n: int, seed: int = PRETRAIN_CHESS_SEED, *, augment: bool = Tr
 # Mates are where a reader of the legal-move list can learn most (a `#` marks the move), so they
 # are drawn more often than the material-winning kinds.
 CHESS_KIND_WEIGHTS = {"mateIn1": 0.45, "mateIn2": 0.2, "hangingPiece": 0.2, "fork": 0.15}
+# How a chess transcript's puzzle kind is drawn (`micro pretrain --chess-kinds`): "weighted" by
+# CHESS_KIND_WEIGHTS, or "uniform", every kind equally, as the puzzle generator deals them to
+# the evaluation splits.
+CHESS_KIND_MIXES = ("weighted", "uniform")
 
 
 def chess_transcripts(
@@ -182,12 +186,17 @@ def chess_transcripts(
     cache: RuntimeCache | None = None,
     *,
     h0_share: float | None = None,
+    kinds: str = "weighted",
 ) -> list[Transcript]:
     """`n` chess dialogues; `h0_share`: the chance a dialogue runs under h0 whole (None: the
     documented `styles.CHESS_H0_SHARE`; 0: every legal-move layout, h0's raw one included,
-    drawn with equal weight)."""
+    drawn with equal weight); `kinds`: one of CHESS_KIND_MIXES."""
     from whale_lab.domains.chess import ChessDomain, ChessEnv
 
+    if kinds not in CHESS_KIND_MIXES:
+        raise ValueError(
+            f"chess kind mix must be one of {', '.join(CHESS_KIND_MIXES)}, got {kinds!r}"
+        )
     cache = cache or RuntimeCache()
 
     def normalise(raw: Any) -> Action:
@@ -200,11 +209,11 @@ def chess_transcripts(
         pools.setdefault(p.themes[0] if p.themes else "other", []).append(p)
     for pool in pools.values():
         rng.shuffle(pool)
-    kinds = sorted(pools)
-    weights = [CHESS_KIND_WEIGHTS.get(k, 1.0) for k in kinds]
-    drawn = dict.fromkeys(kinds, 0)
+    names = sorted(pools)
+    weights = [CHESS_KIND_WEIGHTS.get(k, 1.0) if kinds == "weighted" else 1.0 for k in names]
+    drawn = dict.fromkeys(names, 0)
     for i in range(n):
-        kind = rng.choices(kinds, weights)[0]
+        kind = rng.choices(names, weights)[0]
         p = pools[kind][drawn[kind] % len(pools[kind])]
         drawn[kind] += 1
         board = p.start_board()

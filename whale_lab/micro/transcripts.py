@@ -124,10 +124,12 @@ def build_transcripts(
     *,
     math_mistake_rate: float | None = None,
     chess_h0_share: float | None = None,
+    chess_kinds: str = "weighted",
 ) -> list[Transcript]:
     """Every pre-training transcript for the given sizes, in a seeded order;
     `math_mistake_rate`: see `transcript_math.math_noise` (None: the base rates);
-    `chess_h0_share`: see `transcript_chess.chess_transcripts` (None: `styles.CHESS_H0_SHARE`)."""
+    `chess_h0_share`: see `transcript_chess.chess_transcripts` (None: `styles.CHESS_H0_SHARE`);
+    `chess_kinds`: how puzzle kinds are drawn, one of `transcript_chess.CHESS_KIND_MIXES`."""
     rng = random.Random(f"whale-micro-transcripts:{seed}")
     cache = RuntimeCache()
     out: list[Transcript] = []
@@ -135,7 +137,9 @@ def build_transcripts(
     out += search_transcripts(sizes.search, rng, cache)
     if sizes.chess:
         puzzles = chess_puzzles(sizes.chess_puzzles)
-        out += chess_transcripts(sizes.chess, rng, puzzles, cache, h0_share=chess_h0_share)
+        out += chess_transcripts(
+            sizes.chess, rng, puzzles, cache, h0_share=chess_h0_share, kinds=chess_kinds
+        )
     rng.shuffle(out)
     return out
 
