@@ -45,6 +45,42 @@ def test_a_users_mistake_is_one_line_and_exit_code_2(
     assert err and len(err.splitlines()) == 1 and "Traceback" not in err, err
 
 
+@pytest.mark.parametrize(
+    ("argv", "k", "split_val"),
+    [
+        (["--set", "sampling.k=3", "eval", "--set", "domain.splits.val=5"], 3, 5),
+        (["--set", "sampling.k=3", "eval", "--set", "sampling.k=6"], 6, None),
+        (["eval", "--set", "sampling.k=6"], 6, None),
+        (["--set", "sampling.k=3", "--set", "domain.splits.val=5", "eval"], 3, 5),
+        (["--set", "sampling.k=3", "micro", "calibrate", "--set", "domain.splits.val=5"], 3, 5),
+        (["--set", "sampling.k=3", "search", "--set", 'approval.mode="auto"'], 3, None),
+    ],
+)
+def test_set_before_and_after_the_subcommand_both_count(
+    argv: list[str], k: int, split_val: int | None
+) -> None:
+    """argparse hands a subcommand's own `--set` list over the one given before it; both must
+    reach the config (a later one wins on the same key), or a model path set before the
+    subcommand is silently dropped by a `--set` after it."""
+    from whale_lab import cli
+
+    args = cli.build_parser().parse_args(argv)
+    cli._merge_overrides(args)
+    cfg = cli._load(args)
+    assert cfg.sampling.k == k
+    if split_val is not None:
+        assert cfg.domain.splits.val == split_val
+
+
+def test_a_model_path_set_before_the_subcommand_is_not_dropped(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    argv = ["--set", 'model.path="/no/such/model"', "eval", "--set", "sampling.k=1"]
+    assert main([*argv, "--domain", "chess", "--limit", "1"]) == 2
+    assert "/no/such/model" in capsys.readouterr().err
+
+
 def test_a_wrong_option_is_exit_code_2(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as done:
         main(["eval", "--split", "nosuch"])

@@ -20,10 +20,12 @@ from whale_lab.threads import configure as configure_threads
 
 def _add_common(p: argparse.ArgumentParser, *, top: bool = False) -> None:
     # Subcommands repeat the options with SUPPRESS defaults so that a value given before the
-    # subcommand is not overwritten by the subparser's default.
+    # subcommand is not overwritten by the subparser's default. A subcommand's `--set` list goes
+    # to its own dest: argparse replaces, not extends, the outer list with the inner one, which
+    # would drop every `--set` given before the subcommand (`_merge_overrides` joins them).
     p.add_argument("--config", "-c", default=None if top else argparse.SUPPRESS,
                    help="path to whale.toml (default: ./whale.toml, else the project's)")
-    p.add_argument("--set", dest="overrides", action="append",
+    p.add_argument("--set", dest="overrides" if top else "sub_overrides", action="append",
                    default=[] if top else argparse.SUPPRESS, metavar="KEY=VALUE",
                    help="override one config key, e.g. --set domain.name=chess (repeatable)")
 
@@ -154,7 +156,14 @@ def _load(args: argparse.Namespace) -> Config:
     return load_config(path, overrides)
 
 
+def _merge_overrides(args: argparse.Namespace) -> None:
+    """Every `--set`, those before the subcommand first, so a later one wins on the same key."""
+    args.overrides = [*getattr(args, "overrides", []), *getattr(args, "sub_overrides", [])]
+    args.sub_overrides = []
+
+
 def _dispatch(args: argparse.Namespace) -> int:
+    _merge_overrides(args)
     command = args.command or "tui"
     if command == "micro" and args.micro_command == "pretrain":
         from whale_lab.commands.micro import run_pretrain
