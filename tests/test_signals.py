@@ -222,6 +222,9 @@ def test_stop_signals_ask_once_then_leave(
     monkeypatch.setattr(common, "_exit_now", exit_now)
     runlock.acquire(tmp_path)
     asked: list[str] = []
+    # What was there before: Python's own handler, or SIG_IGN where the test process was started
+    # in the background by a shell, which ignores SIGINT for it.
+    before = signal.getsignal(signal.SIGINT)
     signals = common.StopSignals(Console(stderr=True, highlight=False))
     try:
         with signals, signals.watch(asked.append):
@@ -241,7 +244,7 @@ def test_stop_signals_ask_once_then_leave(
         assert f"left without waiting; resume with: whale-lab resume {tmp_path}" in err
     finally:
         signals.restore()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is before
 
 
 COMMANDS = {
