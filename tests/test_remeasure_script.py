@@ -4,6 +4,7 @@ model must be refused before anything runs."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import subprocess
@@ -17,13 +18,14 @@ SCRIPT = REPO / "docs" / "results" / "remeasure.sh"
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
 
-def _planned(model: Path, out: Path) -> dict[str, list[str]]:
+def _planned(model: Path, out: Path, only: str = "") -> dict[str, list[str]]:
     done = subprocess.run(
         ["bash", str(SCRIPT), "-n", str(model), str(out)],
         capture_output=True,
         text=True,
         check=True,
         timeout=60,
+        env={**os.environ, "ONLY": only},
     )
     steps: dict[str, list[str]] = {}
     for line in done.stdout.splitlines():
@@ -89,3 +91,9 @@ def test_a_folder_that_is_not_a_model_is_refused_before_anything_runs(tmp_path: 
         == f"remeasure: {tmp_path / 'nothing'}: no config.json, not a model folder"
     )
     assert not (tmp_path / "out").exists()
+
+
+def test_only_runs_the_steps_it_names(tmp_path: Path) -> None:
+    model = REPO / "whale_lab" / "micro" / "model"
+    steps = _planned(model, tmp_path / "out", only="eval-val-chess,interaction-math")
+    assert list(steps) == ["eval-val-chess", "interaction-math"]

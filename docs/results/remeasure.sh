@@ -3,7 +3,8 @@
 #
 #   bash docs/results/remeasure.sh [-n] [MODEL_DIR] [OUT_DIR]
 #
-# -n prints the commands, in lane order, instead of running them.
+# -n prints the commands, in lane order, instead of running them. ONLY=name,name (the names -n
+# prints) runs those steps alone, to re-measure one figure.
 # MODEL_DIR defaults to the shipped model (whale_lab/micro/model); OUT_DIR to
 # runs/remeasure-<date>. Two lanes run side by side, one torch thread each (the README's numbers
 # come from a 2-core machine run this way); the timings the README gives beside them add up to
@@ -36,6 +37,9 @@ export OMP_NUM_THREADS=1
 step() {
     local name=$1
     shift
+    if [[ -n "${ONLY:-}" && ",$ONLY," != *",$name,"* ]]; then
+        return
+    fi
     if ((dry)); then
         echo "$name: $*"
         return
