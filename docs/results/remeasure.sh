@@ -8,8 +8,8 @@
 # MODEL_DIR defaults to the shipped model (whale_lab/micro/model); OUT_DIR to
 # runs/remeasure-<date>. Two lanes run side by side, one torch thread each (the README's numbers
 # come from a 2-core machine run this way); the timings the README gives beside them add up to
-# about two hours on that machine. Every command is the one the README gives beside its figure, with the model folder set
-# by `--set model.path=`. Each writes its log (and, where it has one, its JSON) under OUT_DIR;
+# about two hours on that machine. Every command is the one the README gives beside its figure,
+# with the model folder set by `--set model.path=`. Each writes its log (and, where it has one, its JSON) under OUT_DIR;
 # `OUT_DIR/failed` lists any command that did not exit 0, and the script then exits 1. Copying
 # the compare reports into docs/results/<name>/ and the figures into the README is left to the
 # reader of the logs.
@@ -34,12 +34,12 @@ export OMP_NUM_THREADS=1
 ((dry)) || : > "$out/failed"
 
 # step NAME COMMAND...: run one command, its output in OUT/NAME.log, a failure noted and survived.
+wanted() { [[ -z "${ONLY:-}" || ",$ONLY," == *",$1,"* ]]; }
+
 step() {
     local name=$1
     shift
-    if [[ -n "${ONLY:-}" && ",$ONLY," != *",$name,"* ]]; then
-        return
-    fi
+    wanted "$name" || return 0
     if ((dry)); then
         echo "$name: $*"
         return
@@ -104,10 +104,13 @@ fi
 
 # The interaction probes read the whale runs of seed 0, on copies (a probe writes into its run).
 for d in search math; do
+    wanted "interaction-$d" || continue
     if ((dry)) || [[ -d "$out/compare-$d/whale-seed0" ]]; then
         ((dry)) || rm -rf "$out/interaction-$d"
         ((dry)) || cp -r "$out/compare-$d/whale-seed0" "$out/interaction-$d"
         step "interaction-$d" "${wl[@]}" probe --interaction --run "$out/interaction-$d" --json
+    else
+        echo "interaction-$d: no run $out/compare-$d/whale-seed0 to probe" >> "$out/failed"
     fi
 done
 
