@@ -9,10 +9,10 @@
 # runs/remeasure-<date>. Two lanes run side by side, one torch thread each (the README's numbers
 # come from a 2-core machine run this way); the timings the README gives beside them add up to
 # about two hours on that machine. Every command is the one the README gives beside its figure,
-# with the model folder set by `--set model.path=`. Each writes its log (and, where it has one, its JSON) under OUT_DIR;
-# `OUT_DIR/failed` lists any command that did not exit 0, and the script then exits 1. Copying
-# the compare reports into docs/results/<name>/ and the figures into the README is left to the
-# reader of the logs.
+# with the model folder set by `--set model.path=`. Each writes its log (and, where it has one,
+# its JSON) under OUT_DIR; `OUT_DIR/failed` lists any command that did not exit 0, and the script
+# then exits 1. Copying the compare reports into docs/results/<name>/ and the figures into the
+# README is left to the reader of the logs.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 dry=0
@@ -33,9 +33,10 @@ wl=(.venv/bin/whale-lab --set "model.path=\"$model\"" --set "run.directory=\"$ou
 export OMP_NUM_THREADS=1
 ((dry)) || : > "$out/failed"
 
-# step NAME COMMAND...: run one command, its output in OUT/NAME.log, a failure noted and survived.
+# wanted NAME: the step is among ONLY's names, or ONLY is unset.
 wanted() { [[ -z "${ONLY:-}" || ",$ONLY," == *",$1,"* ]]; }
 
+# step NAME COMMAND...: run one command, its output in OUT/NAME.log, a failure noted and survived.
 step() {
     local name=$1
     shift
@@ -53,8 +54,9 @@ step() {
     fi
 }
 
+# calibrate DOMAIN SUFFIX OPTIONS: OPTIONS unquoted, so that it splits into its words.
 calibrate() { step "calibrate-$1$2" "${wl[@]}" micro calibrate --domain "$1" --tasks 128 --k 8 \
-    ${3:+$3} --json "$out/calibrate-$1$2.json"; }
+    $3 --json "$out/calibrate-$1$2.json"; }
 
 compare() {  # compare NAME CONFIG DOMAIN SCHEDULES
     step "compare-$1" "${wl[@]}" compare --config "docs/results/$2" --domain "$3" \
