@@ -233,7 +233,7 @@ def test_the_command_defaults_are_the_shipped_models_recipe() -> None:
     shipped.pop("out")
     default.pop("out")
     # options added after the shipped model was trained, at the value its recipe used
-    added_since = {"chess_h0_share": 0.3, "chess_kinds": "weighted"}
+    added_since = {"chess_h0_share": 0.3, "chess_kinds": "weighted", "chess_notes_share": 0.0}
     for key, value in added_since.items():
         assert key not in shipped and default.pop(key) == value
     assert default == shipped
@@ -270,6 +270,80 @@ def test_the_chess_h0_share_sets_how_often_h0_is_drawn_whole(
     assert P.config_from_args(_pretrain_args("--chess-h0-share", "0")).chess_h0_share == 0.0
     assert P.run_pretrain(_pretrain_args("--chess-h0-share", "1.5")) == 2
     assert "--chess-h0-share must be in 0..1, got 1.5" in capsys.readouterr().err
+
+
+def test_the_chess_notes_share_spreads_move_notes_over_layouts_without_reweighting_them(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`--chess-notes-share` makes the san_list, board_san and uci_only layouts name what each
+    move does as often as asked, while every layout keeps its equal share; at 0 (the shipped
+    recipe) the draws are exactly those of a recipe without the surface; the policy reads a noted
+    layout as it reads the annotated one; a share outside 0..1 is refused with one line."""
+    from collections import Counter
+
+    from whale_lab.micro import styles as S
+    from whale_lab.micro import transcript_chess as TC
+    from whale_lab.micro.styles import (
+        CHESS_LAYOUTS,
+        NOTE_LAYOUTS,
+        chess_visibility,
+        sample_style,
+    )
+
+    def draws(share: float, n: int = 3000) -> list[S.Style]:
+        rng = random.Random(13)
+        return [sample_style("chess", rng, h0_share=0.0, notes_share=share) for _ in range(n)]
+
+    plain = draws(0.0)
+    rng = random.Random(13)
+    assert [s.source for s in plain] == [
+        sample_style("chess", rng, h0_share=0.0).source for _ in range(3000)
+    ]
+    assert not any(s.name.endswith("+notes") for s in plain)
+
+    half = draws(0.5)
+    layouts = Counter(s.get("layout") for s in half)
+    assert set(layouts) == {name for name, _ in CHESS_LAYOUTS}
+    assert all(500 < c < 700 for c in layouts.values())  # five layouts, 600 each expected
+    for layout in NOTE_LAYOUTS:
+        noted = [s.get("notes") for s in half if s.get("layout") == layout]
+        assert 0.4 < sum(noted) / len(noted) < 0.6, layout
+    assert all(s.get("notes") for s in half if s.get("layout") == "annotated")
+    assert not any(s.get("notes") for s in half if s.get("layout") == "raw")
+
+    # what a noted layout shows: the captured piece named, mate and check written out
+    import types
+
+    from whale_lab.domains.chess import ChessEnv
+
+    def render(source: str, observation: str) -> str:
+        module = types.ModuleType("style")  # our own generated code, read back to render
+        exec(compile(source, "style.py", "exec"), module.__dict__)  # noqa: S102
+        return str(module.format_observation(observation))
+
+    puzzles = TC.chess_puzzles(4)
+    capture = next(p for p in puzzles if p.themes and p.themes[0] == "hangingPiece")
+    env = ChessEnv(capture.fen, list(capture.moves), task_id="notes")
+    observation = env.observation()
+    for layout in NOTE_LAYOUTS:
+        style = next(s for s in half if s.get("layout") == layout and s.get("notes"))
+        bare = next(s for s in half if s.get("layout") == layout and not s.get("notes"))
+        shown, unshown = render(style.source, observation), render(bare.source, observation)
+        assert "captures " in shown and "captures " not in unshown, layout
+    assert chess_visibility("san_list", True) == chess_visibility("annotated")
+    assert chess_visibility("uci_only", False) == {"san": False, "capture_names": False}
+    items = TC.chess_transcripts(24, random.Random(2), puzzles, h0_share=0.0, notes_share=1.0)
+    assert any(t.style.endswith("+notes") for t in items)
+
+    with pytest.raises(ValueError, match="notes_share must be in 0..1, got 2"):
+        sample_style("chess", random.Random(0), notes_share=2)
+    with pytest.raises(ValueError, match="notes_share is a chess surface; math"):
+        sample_style("math", random.Random(0), notes_share=0.5)
+    assert P.config_from_args(_pretrain_args()).chess_notes_share == 0.0
+    args = _pretrain_args("--chess-notes-share", "0.5")
+    assert P.config_from_args(args).chess_notes_share == 0.5
+    assert P.run_pretrain(_pretrain_args("--chess-notes-share", "-1")) == 2
+    assert "--chess-notes-share must be in 0..1, got -1" in capsys.readouterr().err
 
 
 def test_the_chess_kind_mix_sets_how_puzzle_kinds_are_drawn(

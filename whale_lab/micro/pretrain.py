@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from whale_lab.micro.styles import CHESS_H0_SHARE
+from whale_lab.micro.styles import CHESS_H0_SHARE, CHESS_NOTES_SHARE
 from whale_lab.micro.transcript_chess import CHESS_KIND_MIXES
 from whale_lab.micro.transcripts import DataSizes, Transcript
 
@@ -82,6 +82,10 @@ class PretrainConfig:
     # How chess puzzle kinds are drawn (`transcript_chess.CHESS_KIND_MIXES`): "weighted" favours
     # mates; "uniform" deals the four kinds equally, as the generator deals them to the splits.
     chess_kinds: str = "weighted"
+    # Chance that each list layout other than h0's raw one and the annotated one also names what
+    # each move does (captured piece, promotion, check, mate): the information a stronger harness
+    # can add, taught in more layouts than one without drawing any layout more often. 0 as shipped.
+    chess_notes_share: float = CHESS_NOTES_SHARE
     steps: int = 0  # 0: fit the number of steps to the time budget
     threads: int = 2
     save_dtype: str = "bfloat16"
@@ -420,6 +424,7 @@ def pretrain(cfg: PretrainConfig, log: Log = _say) -> dict[str, Any]:
         math_mistake_rate=cfg.math_mistake_rate,
         chess_h0_share=cfg.chess_h0_share,
         chess_kinds=cfg.chess_kinds,
+        chess_notes_share=cfg.chess_notes_share,
     )
     t_data = time.perf_counter() - t_start
 
@@ -693,6 +698,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="how chess puzzle kinds are drawn: weighted towards mates, or uniform as the "
         f"puzzle generator deals them to the evaluation splits (default {d.chess_kinds})",
     )
+    p.add_argument(
+        "--chess-notes-share",
+        type=float,
+        default=d.chess_notes_share,
+        help="chance that each list layout other than h0's raw one and the annotated one also "
+        "names what each move does (captured piece, promotion, check, mate) "
+        f"(default {d.chess_notes_share:g}: only the annotated layout does)",
+    )
     p.add_argument("--hidden", type=int, default=d.shape.hidden)
     p.add_argument("--layers", type=int, default=d.shape.layers)
     p.add_argument("--vocab", type=int, default=d.vocab_size)
@@ -755,6 +768,7 @@ def config_from_args(args: argparse.Namespace) -> PretrainConfig:
         ("--mass-every", args.mass_every >= 0, "must be >= 0"),
         ("--mass-tasks", args.mass_tasks >= 1, "must be >= 1"),
         ("--chess-h0-share", 0.0 <= args.chess_h0_share <= 1.0, "must be in 0..1"),
+        ("--chess-notes-share", 0.0 <= args.chess_notes_share <= 1.0, "must be in 0..1"),
         (
             "--math-mistake-rate",
             args.math_mistake_rate is None or 0.0 <= args.math_mistake_rate <= 1.0,
@@ -793,6 +807,7 @@ def config_from_args(args: argparse.Namespace) -> PretrainConfig:
         math_mistake_rate=args.math_mistake_rate,
         chess_h0_share=args.chess_h0_share,
         chess_kinds=args.chess_kinds,
+        chess_notes_share=args.chess_notes_share,
         batch_tokens=args.batch_tokens,
         lr=args.lr,
         move_tokens=args.move_tokens,

@@ -523,14 +523,24 @@ def format_observation(observation, **context):
             note = _note(uci, san, squares)
             lines.append("- " + uci + " (" + san + ")" + (": " + note if note else ""))
         return "\n".join(lines)
+    squares = _pieces(info["fen"]) if NOTES else {}
+
+    def noted(text, uci, san, sep):
+        note = _note(uci, san, squares) if NOTES else ""
+        return text + (sep + note if note else "")
+
     if LAYOUT == "san_list":
-        pairs = ", ".join(uci + " (" + san + ")" for uci, san in info["moves"])
+        pairs = ", ".join(noted(uci + " (" + san, uci, san, ": ") + ")" for uci, san in info["moves"])
         return head + "\nFEN: " + info["fen"] + "\nLegal moves: " + pairs
     if LAYOUT == "board_san":
         lines = [head, "Board:"] + info["board"] + ["Legal moves:"]
-        lines += ["- " + uci + " = " + san for uci, san in info["moves"]]
+        lines += [noted("- " + uci + " = " + san, uci, san, ": ") for uci, san in info["moves"]]
         return "\n".join(lines)
-    return head + "\nFEN: " + info["fen"] + "\nLegal moves: " + " ".join(u for u, _ in info["moves"])
+    if NOTES:
+        listed = ", ".join(noted(uci, uci, san, " ") for uci, san in info["moves"])
+    else:
+        listed = " ".join(u for u, _ in info["moves"])
+    return head + "\nFEN: " + info["fen"] + "\nLegal moves: " + listed
 
 
 def parse_action(response):
@@ -570,13 +580,40 @@ LAYOUT_VISIBILITY = {
     "uci_only": {"san": False, "capture_names": False},
 }
 
+#: Layouts that may also carry the move notes (captured piece, promotion, check, mate) beside
+#: each move (`micro pretrain --chess-notes-share`); h0's raw layout is the verifier's text as is,
+#: and the annotated layout always carries them.
+NOTE_LAYOUTS = ("san_list", "board_san", "uci_only")
+
+
+def chess_visibility(layout: str, notes: bool = False) -> dict[str, bool]:
+    """What a chess style shows its reader: `san` (mates and checks marked) and `capture_names`.
+    Notes name the captured piece and mark mate and check, whatever the layout's own text."""
+    seen = dict(LAYOUT_VISIBILITY.get(layout, LAYOUT_VISIBILITY["raw"]))
+    if notes:
+        seen = {"san": True, "capture_names": True}
+    return seen
+
 
 #: The documented share of chess transcripts run under h0 whole (`micro pretrain --chess-h0-share`).
 CHESS_H0_SHARE = 0.3
+#: The chance a layout in NOTE_LAYOUTS carries the move notes (`--chess-notes-share`). At 0, as
+#: shipped, only the annotated layout names captured pieces: one chess harness in five or seven.
+CHESS_NOTES_SHARE = 0.0
 
 
-def chess_style(rng: random.Random, *, h0_share: float = CHESS_H0_SHARE) -> Style:
-    """A chess harness: h0 itself, or a random combination of the chess surfaces."""
+def chess_style(
+    rng: random.Random,
+    *,
+    h0_share: float = CHESS_H0_SHARE,
+    notes_share: float = CHESS_NOTES_SHARE,
+) -> Style:
+    """A chess harness: h0 itself, or a random combination of the chess surfaces.
+
+    `notes_share` is the chance that a layout in NOTE_LAYOUTS also names what each move does. It
+    spreads the information a stronger harness can show over several layouts instead of one,
+    without drawing any layout more often; the coin is only tossed when it is above 0, so a
+    recipe at 0 draws exactly the transcripts it drew before the surface existed."""
     if rng.random() < h0_share:
         return Style(
             "chess",
@@ -593,6 +630,9 @@ def chess_style(rng: random.Random, *, h0_share: float = CHESS_H0_SHARE) -> Styl
     mo, mc = _pick(rng, CHESS_MOVES)
     fmt = {"mo": mo, "mc": mc}
     layout = _pick(rng, CHESS_LAYOUTS)
+    notes = layout == "annotated"
+    if notes_share > 0 and layout in NOTE_LAYOUTS:
+        notes = rng.random() < notes_share
     user = _pick(rng, CHESS_USER).format(**fmt)
     values = {
         "SYSTEM_PROMPT": _pick(rng, CHESS_SYSTEM).format(**fmt),
@@ -605,17 +645,20 @@ def chess_style(rng: random.Random, *, h0_share: float = CHESS_H0_SHARE) -> Styl
         "MOVE_OPEN": mo,
         "MOVE_CLOSE": mc,
         "FEEDBACK": _pick(rng, FEEDBACKS),
+        "NOTES": notes,
     }
     source = '"""A chess harness style used in pre-training."""\n\n' + _constants(values)
     source += "\n" + CHESS_BODY
     params = {
         "move": (mo, mc),
         "layout": layout,
+        "notes": notes,
         "max_turns": values["MAX_TURNS"],
         "format_budget": values["FORMAT_RETRY_BUDGET"],
         "illegal_budget": values["ILLEGAL_MOVE_RETRY_BUDGET"],
     }
-    return Style("chess", f"chess-{layout}", source, params)
+    name = f"chess-{layout}" + ("+notes" if notes and layout != "annotated" else "")
+    return Style("chess", name, source, params)
 
 
 # Appended to a variant's source: the legal-move lines reordered before any layout renders them.
@@ -705,6 +748,7 @@ def chess_variant(
         "MOVE_OPEN": "<move>",
         "MOVE_CLOSE": "</move>",
         "FEEDBACK": "{detail}",
+        "NOTES": layout == "annotated",
     }
     order = ", forcing moves listed first" if forcing_first else ""
     clean = ", each retry from the clean position" if clean_retries else ""
@@ -804,16 +848,30 @@ def held_out_harness(domain: str, *, strong: bool) -> str:
     return doc + _constants(values) + "\n" + body
 
 
-def sample_style(domain: str, rng: random.Random, *, h0_share: float | None = None) -> Style:
+def sample_style(
+    domain: str,
+    rng: random.Random,
+    *,
+    h0_share: float | None = None,
+    notes_share: float = 0.0,
+) -> Style:
     """A random harness style for `domain`: h0 whole with chance `h0_share` (None: the domain's
-    documented share), else a random combination of its surfaces."""
+    documented share), else a random combination of its surfaces; `notes_share` is chess's
+    (`chess_style`)."""
     try:
         maker = STYLE_MAKERS[domain]
     except KeyError:
         known = ", ".join(STYLE_MAKERS)
         raise ValueError(f"unknown domain {domain!r}; expected one of {known}") from None
+    if h0_share is not None and not 0.0 <= h0_share <= 1.0:
+        raise ValueError(f"h0_share must be in 0..1, got {h0_share}")
+    if not 0.0 <= notes_share <= 1.0:
+        raise ValueError(f"notes_share must be in 0..1, got {notes_share}")
+    if notes_share and domain != "chess":
+        raise ValueError(f"notes_share is a chess surface; {domain} has no legal-move list")
+    if domain == "chess" and notes_share:
+        share = CHESS_H0_SHARE if h0_share is None else h0_share
+        return chess_style(rng, h0_share=share, notes_share=notes_share)
     if h0_share is None:
         return maker(rng)
-    if not 0.0 <= h0_share <= 1.0:
-        raise ValueError(f"h0_share must be in 0..1, got {h0_share}")
     return maker(rng, h0_share=h0_share)

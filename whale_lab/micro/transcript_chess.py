@@ -27,12 +27,12 @@ def _gives_mate(board: Any, move: Any) -> bool:
 
 class ChessPolicy(Policy):
     def __init__(self, env: Any, style: Style, rng: random.Random) -> None:
-        from whale_lab.micro.styles import LAYOUT_VISIBILITY
+        from whale_lab.micro.styles import chess_visibility
 
         self.env = env
         self.style = style
         self.rng = rng
-        self.vis = LAYOUT_VISIBILITY.get(style.get("layout", "raw"), LAYOUT_VISIBILITY["raw"])
+        self.vis = chess_visibility(style.get("layout", "raw"), bool(style.get("notes", False)))
         self.format_slip = rng.random() < 0.03
 
     def _move(self, uci: str) -> str:
@@ -187,10 +187,12 @@ def chess_transcripts(
     *,
     h0_share: float | None = None,
     kinds: str = "weighted",
+    notes_share: float = 0.0,
 ) -> list[Transcript]:
     """`n` chess dialogues; `h0_share`: the chance a dialogue runs under h0 whole (None: the
     documented `styles.CHESS_H0_SHARE`; 0: every legal-move layout, h0's raw one included,
-    drawn with equal weight); `kinds`: one of CHESS_KIND_MIXES."""
+    drawn with equal weight); `kinds`: one of CHESS_KIND_MIXES; `notes_share`: the chance a
+    layout in `styles.NOTE_LAYOUTS` also names what each move does (`styles.chess_style`)."""
     from whale_lab.domains.chess import ChessDomain, ChessEnv
 
     if kinds not in CHESS_KIND_MIXES:
@@ -228,7 +230,7 @@ def chess_transcripts(
             },
             answer={"fen": p.fen, "moves": list(p.moves)},
         )
-        style = sample_style("chess", rng, h0_share=h0_share)
+        style = sample_style("chess", rng, h0_share=h0_share, notes_share=notes_share)
         env = ChessEnv(p.fen, list(p.moves), task_id=task.id)
         out.append(
             run_episode(task, env, normalise, cache.get(style), style, ChessPolicy(env, style, rng))

@@ -125,11 +125,13 @@ def build_transcripts(
     math_mistake_rate: float | None = None,
     chess_h0_share: float | None = None,
     chess_kinds: str = "weighted",
+    chess_notes_share: float = 0.0,
 ) -> list[Transcript]:
     """Every pre-training transcript for the given sizes, in a seeded order;
     `math_mistake_rate`: see `transcript_math.math_noise` (None: the base rates);
     `chess_h0_share`: see `transcript_chess.chess_transcripts` (None: `styles.CHESS_H0_SHARE`);
-    `chess_kinds`: how puzzle kinds are drawn, one of `transcript_chess.CHESS_KIND_MIXES`."""
+    `chess_kinds`: how puzzle kinds are drawn, one of `transcript_chess.CHESS_KIND_MIXES`;
+    `chess_notes_share`: see `styles.chess_style`."""
     rng = random.Random(f"whale-micro-transcripts:{seed}")
     cache = RuntimeCache()
     out: list[Transcript] = []
@@ -138,7 +140,13 @@ def build_transcripts(
     if sizes.chess:
         puzzles = chess_puzzles(sizes.chess_puzzles)
         out += chess_transcripts(
-            sizes.chess, rng, puzzles, cache, h0_share=chess_h0_share, kinds=chess_kinds
+            sizes.chess,
+            rng,
+            puzzles,
+            cache,
+            h0_share=chess_h0_share,
+            kinds=chess_kinds,
+            notes_share=chess_notes_share,
         )
     rng.shuffle(out)
     return out
