@@ -696,6 +696,14 @@ def test_chess_variants_are_h0_but_for_one_thing() -> None:
         chess_variant("grid")
     with pytest.raises(ValueError, match="illegal_budget must be >= 0, got -1"):
         chess_variant("raw", illegal_budget=-1)
+    with pytest.raises(ValueError, match="only the san_list, board_san, uci_only layouts take"):
+        chess_variant("raw", notes=True)
+    noted = {v.name: v for v in CHESS_VARIANTS if v.notes}
+    assert sorted(noted) == ["board_san+notes", "san_list+notes", "uci_only+notes"]
+    for variant in noted.values():
+        constants = _literal_constants(variant.source())
+        assert constants["NOTES"] is True and constants["LAYOUT"] == variant.layout
+        assert _literal_constants(chess_variant(variant.layout))["NOTES"] is False
 
 
 def test_forcing_first_variant_only_reorders_the_legal_moves() -> None:

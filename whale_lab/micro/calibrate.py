@@ -287,6 +287,7 @@ class ChessVariant:
     show_board: bool = False
     forcing_first: bool = False
     clean_retries: bool = False
+    notes: bool = False  # the layout also names what each move does (`--chess-notes-share`)
 
     def source(self) -> str:
         from whale_lab.micro.styles import chess_variant
@@ -297,6 +298,7 @@ class ChessVariant:
             show_board=self.show_board,
             forcing_first=self.forcing_first,
             clean_retries=self.clean_retries,
+            notes=self.notes,
         )
 
 
@@ -308,6 +310,13 @@ CHESS_VARIANTS = (
     ChessVariant("san_list", "one line of uci (san) pairs", "san_list"),
     ChessVariant("board_san", "board and a uci = san list, no FEN", "board_san"),
     ChessVariant("uci_only", "FEN and bare UCI moves, no SAN", "uci_only"),
+    ChessVariant("san_list+notes", "the san_list with each move's notes", "san_list", notes=True),
+    ChessVariant(
+        "board_san+notes", "the board_san list with each move's notes", "board_san", notes=True
+    ),
+    ChessVariant(
+        "uci_only+notes", "the uci_only list with each move's notes", "uci_only", notes=True
+    ),
     ChessVariant("no illegal retry", "h0's view, 0 illegal-move retries", illegal_budget=0),
     ChessVariant("3 illegal retries", "h0's view, 3 illegal-move retries", illegal_budget=3),
     ChessVariant("10 illegal retries", "h0's view, 10 illegal-move retries", illegal_budget=10),

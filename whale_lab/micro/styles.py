@@ -719,12 +719,14 @@ def chess_variant(
     show_board: bool = False,
     forcing_first: bool = False,
     clean_retries: bool = False,
+    notes: bool = False,
 ) -> str:
     """Source of a chess harness that is h0 (its wording, `<move>` tags and limits) but for one
     thing: the legal-move layout, one of pre-training's `CHESS_LAYOUTS`, its illegal-move retry
     budget, (`forcing_first`) the order of its legal-move list: mates, checks, captures, then
     the rest, each group in the verifier's order, or (`clean_retries`) the context of a retry,
-    which leaves out the rejected reply and the feedback on it. `micro calibrate --chess-variants`
+    which leaves out the rejected reply and the feedback on it, or (`notes`) a layout in
+    `NOTE_LAYOUTS` that also names what each move does. `micro calibrate --chess-variants`
     scores these against h0, to tell whether the model reads any layout it was taught better than
     h0's, before a stronger harness is built on one."""
     layouts = [name for name, _ in CHESS_LAYOUTS]
@@ -737,6 +739,8 @@ def chess_variant(
     )
     if budget < 0:
         raise ValueError(f"illegal_budget must be >= 0, got {budget}")
+    if notes and layout not in NOTE_LAYOUTS:
+        raise ValueError(f"only the {', '.join(NOTE_LAYOUTS)} layouts take notes, got {layout!r}")
     values = {
         "SYSTEM_PROMPT": h0_constant("chess", "SYSTEM_PROMPT"),
         "USER_PROMPT": h0_constant("chess", "USER_PROMPT"),
@@ -748,12 +752,13 @@ def chess_variant(
         "MOVE_OPEN": "<move>",
         "MOVE_CLOSE": "</move>",
         "FEEDBACK": "{detail}",
-        "NOTES": layout == "annotated",
+        "NOTES": notes or layout == "annotated",
     }
+    noted = " with move notes" if notes else ""
     order = ", forcing moves listed first" if forcing_first else ""
     clean = ", each retry from the clean position" if clean_retries else ""
     doc = (
-        f'"""Chess h0 with the {layout} layout and {budget} illegal-move retries{order}{clean} '
+        f'"""Chess h0 with the {layout} layout{noted} and {budget} illegal-move retries{order}{clean} '
         '(calibration)."""\n\n'
     )
     source = _constants(values) + "\n" + CHESS_BODY
