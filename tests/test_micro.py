@@ -300,6 +300,10 @@ def test_the_chess_notes_share_spreads_move_notes_over_layouts_without_reweighti
         sample_style("chess", rng, h0_share=0.0).source for _ in range(3000)
     ]
     assert not any(s.name.endswith("+notes") for s in plain)
+    rng = random.Random(13)  # None reads the documented share, 0 as shipped
+    assert [s.source for s in plain] == [
+        sample_style("chess", rng, h0_share=0.0, notes_share=None).source for _ in range(3000)
+    ]
 
     half = draws(0.5)
     layouts = Counter(s.get("layout") for s in half)

@@ -858,11 +858,11 @@ def sample_style(
     rng: random.Random,
     *,
     h0_share: float | None = None,
-    notes_share: float = 0.0,
+    notes_share: float | None = None,
 ) -> Style:
     """A random harness style for `domain`: h0 whole with chance `h0_share` (None: the domain's
     documented share), else a random combination of its surfaces; `notes_share` is chess's
-    (`chess_style`)."""
+    (`chess_style`; None: the documented `CHESS_NOTES_SHARE`)."""
     try:
         maker = STYLE_MAKERS[domain]
     except KeyError:
@@ -870,13 +870,16 @@ def sample_style(
         raise ValueError(f"unknown domain {domain!r}; expected one of {known}") from None
     if h0_share is not None and not 0.0 <= h0_share <= 1.0:
         raise ValueError(f"h0_share must be in 0..1, got {h0_share}")
-    if not 0.0 <= notes_share <= 1.0:
+    if notes_share is not None and not 0.0 <= notes_share <= 1.0:
         raise ValueError(f"notes_share must be in 0..1, got {notes_share}")
     if notes_share and domain != "chess":
         raise ValueError(f"notes_share is a chess surface; {domain} has no legal-move list")
-    if domain == "chess" and notes_share:
-        share = CHESS_H0_SHARE if h0_share is None else h0_share
-        return chess_style(rng, h0_share=share, notes_share=notes_share)
+    if domain == "chess":
+        return chess_style(
+            rng,
+            h0_share=CHESS_H0_SHARE if h0_share is None else h0_share,
+            notes_share=CHESS_NOTES_SHARE if notes_share is None else notes_share,
+        )
     if h0_share is None:
         return maker(rng)
     return maker(rng, h0_share=h0_share)

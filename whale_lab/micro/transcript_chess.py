@@ -187,12 +187,13 @@ def chess_transcripts(
     *,
     h0_share: float | None = None,
     kinds: str = "weighted",
-    notes_share: float = 0.0,
+    notes_share: float | None = None,
 ) -> list[Transcript]:
     """`n` chess dialogues; `h0_share`: the chance a dialogue runs under h0 whole (None: the
     documented `styles.CHESS_H0_SHARE`; 0: every legal-move layout, h0's raw one included,
     drawn with equal weight); `kinds`: one of CHESS_KIND_MIXES; `notes_share`: the chance a
-    layout in `styles.NOTE_LAYOUTS` also names what each move does (`styles.chess_style`)."""
+    layout in `styles.NOTE_LAYOUTS` also names what each move does (`styles.chess_style`; None:
+    the documented `styles.CHESS_NOTES_SHARE`)."""
     from whale_lab.domains.chess import ChessDomain, ChessEnv
 
     if kinds not in CHESS_KIND_MIXES:

@@ -125,13 +125,13 @@ def build_transcripts(
     math_mistake_rate: float | None = None,
     chess_h0_share: float | None = None,
     chess_kinds: str = "weighted",
-    chess_notes_share: float = 0.0,
+    chess_notes_share: float | None = None,
 ) -> list[Transcript]:
     """Every pre-training transcript for the given sizes, in a seeded order;
     `math_mistake_rate`: see `transcript_math.math_noise` (None: the base rates);
     `chess_h0_share`: see `transcript_chess.chess_transcripts` (None: `styles.CHESS_H0_SHARE`);
     `chess_kinds`: how puzzle kinds are drawn, one of `transcript_chess.CHESS_KIND_MIXES`;
-    `chess_notes_share`: see `styles.chess_style`."""
+    `chess_notes_share`: see `styles.chess_style` (None: `styles.CHESS_NOTES_SHARE`)."""
     rng = random.Random(f"whale-micro-transcripts:{seed}")
     cache = RuntimeCache()
     out: list[Transcript] = []
