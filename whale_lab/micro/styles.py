@@ -589,10 +589,9 @@ NOTE_LAYOUTS = ("san_list", "board_san", "uci_only")
 def chess_visibility(layout: str, notes: bool = False) -> dict[str, bool]:
     """What a chess style shows its reader: `san` (mates and checks marked) and `capture_names`.
     Notes name the captured piece and mark mate and check, whatever the layout's own text."""
-    seen = dict(LAYOUT_VISIBILITY.get(layout, LAYOUT_VISIBILITY["raw"]))
     if notes:
-        seen = {"san": True, "capture_names": True}
-    return seen
+        return {"san": True, "capture_names": True}
+    return dict(LAYOUT_VISIBILITY.get(layout, LAYOUT_VISIBILITY["raw"]))
 
 
 #: The documented share of chess transcripts run under h0 whole (`micro pretrain --chess-h0-share`).
