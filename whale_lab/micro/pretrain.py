@@ -84,7 +84,7 @@ class PretrainConfig:
     chess_kinds: str = "weighted"
     # Chance that each list layout other than h0's raw one and the annotated one also names what
     # each move does (captured piece, promotion, check, mate): the information a stronger harness
-    # can add, taught in more layouts than one without drawing any layout more often. 0 as shipped.
+    # can add, taught in more layouts than one without drawing any layout more often. 0.5 as shipped.
     chess_notes_share: float = CHESS_NOTES_SHARE
     steps: int = 0  # 0: fit the number of steps to the time budget
     threads: int = 2

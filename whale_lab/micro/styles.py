@@ -595,10 +595,14 @@ def chess_visibility(layout: str, notes: bool = False) -> dict[str, bool]:
 
 
 #: The documented share of chess transcripts run under h0 whole (`micro pretrain --chess-h0-share`).
-CHESS_H0_SHARE = 0.3
-#: The chance a layout in NOTE_LAYOUTS carries the move notes (`--chess-notes-share`). At 0, as
-#: shipped, only the annotated layout names captured pieces: one chess harness in five or seven.
-CHESS_NOTES_SHARE = 0.0
+#: 0 as shipped: h0's raw layout is one of the five drawn equally, so the layouts a stronger
+#: harness can use get as much practice as h0's (0.3 up to the fifth version).
+CHESS_H0_SHARE = 0.0
+#: The chance a layout in NOTE_LAYOUTS carries the move notes (`--chess-notes-share`). 0.5 as
+#: shipped (the tenth version): half the list layouts name captured pieces, so the notes are
+#: information the model reads in any layout, not one format's. At 0 only the annotated layout
+#: names them: one chess harness in five.
+CHESS_NOTES_SHARE = 0.5
 
 
 def chess_style(
