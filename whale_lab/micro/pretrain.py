@@ -72,8 +72,9 @@ class PretrainConfig:
     # per-difficulty rates, mean 0.524, which the third version was trained with). Math h0 was
     # 46-52% on 8,000, 10,000 and 12,000 math transcripts at the base rates, near their 47%
     # reference success; a 20-minute math-only check with 0.75 raised h0 (25.3% -> 37.5%), and
-    # the shipped fifth version, 118 minutes with 0.75, gives 31.2% on 128 val tasks (the third,
-    # 90 minutes at the base rates: 46.3%): the two changed together (README).
+    # the fifth version, 118 minutes with 0.75, gave 31.2% on 128 val tasks (the third, 90
+    # minutes at the base rates: 46.3%): the two changed together (README). The shipped tenth
+    # version keeps 0.75: 30.3%.
     math_mistake_rate: float | None = 0.75
     # Chance a chess transcript runs under h0 whole (`styles.chess_style`); the rest draw every
     # legal-move layout with equal weight. 0 makes h0's raw layout one of five like the others,
@@ -667,9 +668,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=0,
         help="train exactly this many steps instead of fitting them to --minutes",
     )
-    p.add_argument("--math", type=int, default=d.data.math, help="math transcripts")
-    p.add_argument("--search", type=int, default=d.data.search, help="search transcripts")
-    p.add_argument("--chess", type=int, default=d.data.chess, help="chess transcripts")
+    p.add_argument(
+        "--math", type=int, default=d.data.math, help=f"math transcripts (default {d.data.math})"
+    )
+    p.add_argument(
+        "--search",
+        type=int,
+        default=d.data.search,
+        help=f"search transcripts (default {d.data.search})",
+    )
+    p.add_argument(
+        "--chess",
+        type=int,
+        default=d.data.chess,
+        help=f"chess transcripts (default {d.data.chess})",
+    )
     p.add_argument(
         "--chess-puzzles",
         type=int,
@@ -704,7 +717,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=d.chess_notes_share,
         help="chance that each list layout other than h0's raw one and the annotated one also "
         "names what each move does (captured piece, promotion, check, mate) "
-        f"(default {d.chess_notes_share:g}: only the annotated layout does)",
+        f"(default {d.chess_notes_share:g}, the shipped recipe; at 0 only the annotated layout "
+        "does)",
     )
     p.add_argument("--hidden", type=int, default=d.shape.hidden)
     p.add_argument("--layers", type=int, default=d.shape.layers)
