@@ -668,20 +668,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=0,
         help="train exactly this many steps instead of fitting them to --minutes",
     )
+    p.add_argument("--math", type=int, default=d.data.math, help="math transcripts (%(default)s)")
     p.add_argument(
-        "--math", type=int, default=d.data.math, help=f"math transcripts (default {d.data.math})"
+        "--search", type=int, default=d.data.search, help="search transcripts (%(default)s)"
     )
     p.add_argument(
-        "--search",
-        type=int,
-        default=d.data.search,
-        help=f"search transcripts (default {d.data.search})",
-    )
-    p.add_argument(
-        "--chess",
-        type=int,
-        default=d.data.chess,
-        help=f"chess transcripts (default {d.data.chess})",
+        "--chess", type=int, default=d.data.chess, help="chess transcripts (%(default)s)"
     )
     p.add_argument(
         "--chess-puzzles",
