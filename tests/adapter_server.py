@@ -131,6 +131,7 @@ class AdapterServer:
         ids = self.tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
         kwargs: dict[str, Any] = {
             "max_new_tokens": max_tokens,
+            "min_new_tokens": int(body.get("min_tokens") or 0) or None,  # vLLM's field
             "pad_token_id": self.tokenizer.pad_token_id,
             "eos_token_id": self.tokenizer.eos_token_id,
         }

@@ -141,6 +141,7 @@ class LLM:
                 top_p=sp.top_p,
                 top_k=max(0, sp.top_k),
                 max_new_tokens=sp.max_tokens,
+                min_new_tokens=getattr(sp, "min_tokens", 0),
                 stop=tuple(sp.stop or ()),
                 seed=sp.seed,
                 logprobs=sp.logprobs is not None,

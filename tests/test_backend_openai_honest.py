@@ -320,6 +320,35 @@ def test_transformers_serve_samples_and_resolves_the_preset_name(
         backend.close()
 
 
+def test_a_minimum_reply_length_is_asked_for_and_dropped_where_refused() -> None:
+    """vLLM's `min_tokens`, `transformers serve`'s `min_new_tokens`; a server that refuses the
+    field has it dropped (the weight-sync probes then report why they were empty)."""
+    held = SamplingParams(temperature=0.0, max_new_tokens=8, min_new_tokens=8, logprobs=True)
+    backend = OpenAIBackend("http://127.0.0.1:9/v1", "m")
+    assert backend._body(user("x"), held, 0)["min_tokens"] == 8
+    assert "min_tokens" not in backend._body(user("x"), replace(held, min_new_tokens=0), 0)
+    backend.close()
+    hf_serve = OpenAIBackend("http://127.0.0.1:9/v1", "m", server_kind="transformers")
+    body = hf_serve._body(user("x"), held, 0)
+    assert "min_tokens" not in body
+    assert json.loads(body["generation_config"]) == {
+        "do_sample": False, "max_new_tokens": 8, "min_new_tokens": 8,
+    }  # fmt: skip
+    hf_serve.close()
+    with FaultServer() as server:
+        refusal = "extra fields not permitted: min_tokens"
+        server.script("/chat/completions", Reply.error(422, refusal))
+        server.set_default(Reply.ok("fine"))
+        backend = OpenAIBackend(server.base_url, "m", max_retries=0)
+        try:
+            (gen,) = backend.generate([user("x")], held)
+        finally:
+            backend.close()
+        assert gen.text == "fine" and backend.dropped_fields == {"min_tokens"}
+        sent = [r.json for r in server.requests_to("/chat/completions")]
+        assert [("min_tokens" in b) for b in sent] == [True, False]
+
+
 def test_transformers_serve_body_turns_sampling_on() -> None:
     """`transformers serve` samples only when a generation_config says do_sample."""
     backend = OpenAIBackend("http://127.0.0.1:9/v1", "m", server_kind="transformers")

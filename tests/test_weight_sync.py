@@ -13,6 +13,7 @@ its answers carry the sampled ids, so SFT trains on those ids.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -31,7 +32,7 @@ from servers import FaultServer, Reply, Request, echo_responder
 
 from whale_lab import cli
 from whale_lab.backends import HFBackend, OpenAIBackend, make_backend
-from whale_lab.backends.base import Generation, Message, SamplingParams
+from whale_lab.backends.base import BackendError, Generation, Message, SamplingParams
 from whale_lab.context import RunContext
 from whale_lab.events import RunFinished, WeightStep, event_from_dict
 from whale_lab.models import load_model_and_tokenizer
@@ -40,9 +41,11 @@ from whale_lab.weights.lora import attach
 from whale_lab.weights.rsft import RsftPhase
 from whale_lab.weights.sync import (
     PROBE_PROMPTS,
+    PROBE_TOKENS,
     SYNC_TOLERANCE,
     UNVERIFIED,
     VERIFIED,
+    WeightSync,
     WeightSyncError,
     judge,
 )
@@ -121,6 +124,77 @@ def test_hf_logprobs_are_the_raw_model_distribution_of_the_sampled_tokens(lively
     plain = lively.generate(PROMPTS, dataclasses.replace(GREEDY_LP, logprobs=False))
     assert [g.token_ids for g in plain] == [g.token_ids for g in lively.generate(PROMPTS, GREEDY_LP)]
     assert all(g.token_logprobs == () for g in plain)
+
+
+@contextlib.contextmanager
+def ending_at_once(model: Any, eos: int, push: float = 30.0) -> Iterator[None]:
+    """The model puts nearly all its mass on EOS at every position (a policy trained on empty
+    replies), for generation and scoring alike."""
+
+    def hook(_module: Any, _inputs: Any, logits: torch.Tensor) -> torch.Tensor:
+        logits = logits.clone()
+        logits[..., eos] += push
+        return logits
+
+    handle = model.get_output_embeddings().register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+@pytest.mark.parametrize("continuous", [True, False], ids=["refill", "padded"])
+def test_min_new_tokens_bars_the_end_token_and_keeps_the_raw_logprobs(
+    lively: HFBackend, continuous: bool
+) -> None:
+    hf = HFBackend(lively.model, lively.tokenizer, max_context_tokens=512, continuous=continuous)
+    eos = hf.tokenizer.eos_token_id
+    with ending_at_once(hf.model, eos):
+        plain = hf.generate(PROMPTS, GREEDY_LP)
+        assert all(g.token_ids == () and g.finish_reason == "stop" for g in plain)
+        held = hf.generate(PROMPTS, dataclasses.replace(GREEDY_LP, min_new_tokens=5))
+        for prompt, g in zip(PROMPTS, held, strict=True):
+            # five tokens, none of them EOS, then the EOS the model wants ends the reply
+            assert len(g.token_ids) == 5 and eos not in g.token_ids and g.finish_reason == "stop"
+            ids = hf.encode_chat(prompt)
+            with torch.no_grad():
+                lp = torch.log_softmax(
+                    hf.model(torch.tensor([ids + list(g.token_ids)])).logits[0].float(), dim=-1
+                )
+            ref = [lp[len(ids) - 1 + i, t].item() for i, t in enumerate(g.token_ids)]
+            assert max(ref) < -10  # what EOS leaves the rest: the raw distribution, not renormalised
+            assert max(abs(a - b) for a, b in zip(ref, g.token_logprobs, strict=True)) < 1e-3
+    with pytest.raises(BackendError, match="min_new_tokens must be in"):
+        hf.generate(PROMPTS, dataclasses.replace(GREEDY_LP, min_new_tokens=9))
+
+
+def test_a_policy_that_ends_every_reply_at_once_is_still_verified(tiny_model_dir: Path) -> None:
+    """A model trained on empty replies ends every probe at its first token; the probes run to
+    their length anyway, so the check still has tokens to compare, and still catches a stale copy."""
+    from servers import spread_weights
+
+    model, tok = load_model_and_tokenizer(str(tiny_model_dir))
+    tm = attach(spread_weights(model), tok, tiny_config())
+    sync = WeightSync(tm)
+    fresh = HFBackend(tm.model, tok, max_context_tokens=512)
+    g = torch.Generator().manual_seed(0)
+
+    def update() -> None:
+        sync.remember()
+        with torch.no_grad():
+            for _, p in tm.named_trainable():
+                p.add_(torch.randn(p.shape, generator=g) * 0.05)
+
+    with ending_at_once(tm.model, tok.eos_token_id):
+        assert all(not x.token_ids for x in fresh.generate(PROBE_PROMPTS, GREEDY_LP))
+        update()
+        result = sync.check(fresh, served_version="step-1")
+        assert result.status == VERIFIED, result
+        assert result.tokens == len(PROBE_PROMPTS) * PROBE_TOKENS
+        stale = StaleCopyBackend(tm.model, tok)  # keeps the weights of step 1
+        update()
+        with pytest.raises(WeightSyncError, match="a copy of the previous weights"):
+            sync.check(stale, served_version="step-2")
 
 
 def make_phase(root: Path, cfg: Any = None, backend: Any = None) -> tuple[RsftPhase, list[Any]]:

@@ -17,6 +17,10 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 20
     max_new_tokens: int = 96
+    # No end-of-sequence token before this many new tokens: for the weight-sync probes, which
+    # need tokens to compare even from a model that learnt to stop at once (they use no stop
+    # strings). Log-probabilities stay those of the raw distribution, EOS included.
+    min_new_tokens: int = 0
     stop: tuple[str, ...] = ()
     seed: int | None = None
     # Return each generated token's log-probability under the served weights (raw model
@@ -145,9 +149,26 @@ def check_params(params: SamplingParams) -> None:
         raise BackendError(f"sampling top_k must be >= 0 (0 turns it off), got {params.top_k}")
     if params.max_new_tokens < 1:
         raise BackendError(f"sampling max_new_tokens must be >= 1, got {params.max_new_tokens}")
+    if not 0 <= params.min_new_tokens <= params.max_new_tokens:
+        raise BackendError(
+            f"sampling min_new_tokens must be in [0, max_new_tokens={params.max_new_tokens}], "
+            f"got {params.min_new_tokens}"
+        )
     for s in params.stop:
         if not isinstance(s, str) or not s:
             raise BackendError(f"stop sequences must be non-empty strings, got {s!r}")
+
+
+def eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
+    """The ids that end a reply: the model's generation config's, then the tokenizer's."""
+    ids: list[int] = []
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for v in [*(gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos])] + [
+        getattr(tokenizer, "eos_token_id", None)
+    ]:
+        if isinstance(v, int) and v not in ids:
+            ids.append(v)
+    return ids
 
 
 def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:

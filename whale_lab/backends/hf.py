@@ -40,6 +40,7 @@ from whale_lab.backends.base import (
     check_messages,
     check_params,
     cut_at_stop,
+    eos_token_ids,
     prompt_messages,
     prompt_seed,
 )
@@ -167,14 +168,7 @@ class HFBackend:
         return len(self.encode_chat(messages))
 
     def _eos_ids(self) -> list[int]:
-        ids: list[int] = []
-        gen_eos = getattr(self.model.generation_config, "eos_token_id", None)
-        for v in (gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos]) + [
-            self.tokenizer.eos_token_id
-        ]:
-            if isinstance(v, int) and v not in ids:
-                ids.append(v)
-        return ids
+        return eos_token_ids(self.model, self.tokenizer)
 
     def _pad_id(self, eos_ids: list[int]) -> int:
         pad = self.tokenizer.pad_token_id
@@ -297,6 +291,7 @@ class HFBackend:
                 refill=self.refill if self.refill is not None else max(1, width // 4),
                 stats=self.decode_stats,
                 kept=kept,
+                min_tokens=params.min_new_tokens,
             )
         except getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError) as exc:
             longest = max(len(r.prompt) for r in requests)
@@ -410,6 +405,7 @@ class HFBackend:
             }
         gen_cfg = GenerationConfig(
             max_new_tokens=new_tokens,
+            min_new_tokens=min(params.min_new_tokens, new_tokens) or None,
             eos_token_id=eos_ids or None,
             pad_token_id=pad_id,
             use_cache=True,

@@ -43,6 +43,7 @@ top-p (`supports_refill`); the backend keeps its padded `model.generate` path fo
 
 from __future__ import annotations
 
+import math
 import random
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -253,13 +254,15 @@ def generate_refill(
     refill: int = 1,
     stats: DecodeStats | None = None,
     kept: PrefixCache | None = None,
+    min_tokens: int = 0,
 ) -> None:
     """Decode every request to its end with at most `width` rows in flight; fills them in place.
 
     The caller holds eval + inference mode. `stopped(tokens)` says whether a row's completion now
     contains a stop string; a row ends at EOS (the EOS id is kept in `tokens`, as `model.generate`
     keeps it), at its stop string or at its budget. With `kept`, prompts start from the longest
-    prefix they share with a row kept there, and every row that ends is kept.
+    prefix they share with a row kept there, and every row that ends is kept. A row shorter than
+    `min_tokens` cannot pick an EOS id; its log-probabilities still come from the raw logits.
     """
     import torch
 
@@ -279,7 +282,14 @@ def generate_refill(
 
     def take(rows: list[int], logits: Any) -> Any:
         """Sample one token per row, record it, and return the tokens and which rows ended."""
-        toks = sampler.pick(logits, [requests[i].rng for i in rows])
+        short = [j for j, i in enumerate(rows) if len(requests[i].tokens) < min_tokens]
+        ends = sorted(t for t in eos_ids if 0 <= t < logits.shape[-1])
+        scores = logits
+        if short and ends:
+            rows_t = torch.tensor(short, device=logits.device)[:, None]
+            scores = logits.clone()
+            scores[rows_t, torch.tensor(ends, device=logits.device)] = -math.inf
+        toks = sampler.pick(scores, [requests[i].rng for i in rows])
         lps = None
         if want_logprobs:
             lps = torch.log_softmax(logits, dim=-1).gather(-1, toks[:, None]).squeeze(1).tolist()

@@ -70,6 +70,7 @@ if TYPE_CHECKING:
 OPTIONAL_FIELDS = (
     "top_k",
     "seed",
+    "min_tokens",
     "return_tokens_as_token_ids",
     "logprobs",
     "generation_config",
@@ -330,6 +331,8 @@ class OpenAIBackend(ServerChecks):
             "max_tokens": params.max_new_tokens,
             "n": 1,
         }
+        if params.min_new_tokens and self.server_kind != "transformers":
+            body["min_tokens"] = params.min_new_tokens  # vLLM's field; dropped where refused
         if params.stop:
             body["stop"] = list(params.stop)
         if self.chat_template_kwargs:
@@ -634,14 +637,17 @@ def _local_tokenizer(path: str) -> Any:
 def _hf_generation_config(params: SamplingParams) -> dict[str, Any]:
     """The generation config `transformers serve` builds its decoding from (merged over the
     model's own); do_sample is what its temperature field never turns on."""
+    lengths: dict[str, Any] = {"max_new_tokens": params.max_new_tokens}
+    if params.min_new_tokens:
+        lengths["min_new_tokens"] = params.min_new_tokens
     if params.greedy:
-        return {"do_sample": False, "max_new_tokens": params.max_new_tokens}
+        return {"do_sample": False, **lengths}
     return {
         "do_sample": True,
         "temperature": params.temperature,
         "top_p": params.top_p,
         "top_k": params.top_k,  # 0 switches the filter off, as in the hf backend
-        "max_new_tokens": params.max_new_tokens,
+        **lengths,
     }
 
 

@@ -169,6 +169,7 @@ class VLLMBackend:
                 top_p=params.top_p,
                 top_k=params.top_k if params.top_k > 0 else -1,
                 max_tokens=params.max_new_tokens,
+                min_tokens=params.min_new_tokens,
                 stop=list(params.stop) or None,
                 # the prompt's own seed, else the call's plus its index
                 seed=row_seed(p, params, i),

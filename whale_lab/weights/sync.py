@@ -4,7 +4,8 @@ A publish can succeed and change nothing: a server answers `load_lora_adapter` w
 generating with the base model (vLLM loading a LoRA adapter that activates no module), or a backend
 holds a copy of the model rather than the trained one. The run would finish with unchanged scores
 and no word. So after each publish the backend continues a few fixed probe prompts greedily with
-log-probabilities, and the trainer scores the very same token ids under its new weights and under
+log-probabilities (never ending before `PROBE_TOKENS`: a model trained on short replies may end
+every probe at once and leave nothing to compare), and the trainer scores the very same token ids under its new weights and under
 the previous ones (a copy kept before the update). The served log-probabilities must match the new
 weights within `SYNC_TOLERANCE` and be clearly closer to them than to the previous ones;
 otherwise `WeightSyncError` stops the run with one line.
@@ -29,7 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from whale_lab.backends.base import Generation, Message, SamplingParams
+from whale_lab.backends.base import Generation, Message, SamplingParams, eos_token_ids
 from whale_lab.weights.lora import TrainableModel, WeightsError
 
 VERIFIED, UNVERIFIED, SKIPPED = "verified", "unverified", "skipped"
@@ -122,7 +123,12 @@ def judge(
     if previous is not None:
         dist["separation"] = mean_abs(new, previous)
     if not new:
-        return UNVERIFIED, dist, "the probe generations were empty"
+        return (
+            UNVERIFIED,
+            dist,
+            "the probe generations were empty (the backend ended every probe at its first "
+            "token: it ignores a minimum reply length)",
+        )
     if not served:
         stale = (
             previous_gap is not None and max(new_gap) > tolerance and max(previous_gap) <= tolerance
@@ -185,7 +191,12 @@ class WeightSync:
         self.prompts = [list(p) for p in prompts]
         self.tolerance = tolerance
         self.params = SamplingParams(
-            temperature=0.0, top_k=0, max_new_tokens=max_new_tokens, seed=0, logprobs=True
+            temperature=0.0,
+            top_k=0,
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=max_new_tokens,
+            seed=0,
+            logprobs=True,
         )
         self._previous: dict[str, Any] | None = None
 
@@ -365,7 +376,8 @@ class WeightSync:
 
     def _score(self, probes: Sequence[_Probe]) -> list[tuple[list[float], list[float]]]:
         """Per probe: each token's log-probability under the model as it is now, and its gap to
-        the most likely token there. One right-padded forward pass over all probes."""
+        the most likely token there that the probe could pick (no end token before the probe's
+        minimum length). One right-padded forward pass over all probes."""
         if not probes:
             return []
         import torch
@@ -379,6 +391,7 @@ class WeightSync:
             ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
             mask[i, : len(s)] = 1
         device = self.tm.device
+        ends = eos_token_ids(model, self.tm.tokenizer)
         was_training = bool(model.training)
         model.eval()
         try:
@@ -391,7 +404,11 @@ class WeightSync:
                     start = len(p.prompt) - 1  # the logits at position t predict token t + 1
                     lp = torch.log_softmax(logits[i, start : start + len(p.ids)].float(), dim=-1)
                     chosen = lp.gather(-1, torch.tensor(p.ids, device=lp.device)[:, None])[:, 0]
-                    gap = lp.max(dim=-1).values - chosen
+                    pickable = lp.clone()
+                    barred = [t for t in ends if 0 <= t < lp.shape[-1]]
+                    if barred:
+                        pickable[: self.params.min_new_tokens, barred] = -math.inf
+                    gap = pickable.max(dim=-1).values - chosen
                     out.append((chosen.cpu().tolist(), gap.cpu().tolist()))
         finally:
             model.train(was_training)
