@@ -28,6 +28,9 @@ from pathlib import Path
 from typing import Any
 
 
+_RNG = threading.Lock()  # the process's torch RNG, shared by every server in it
+
+
 @dataclass
 class Served:
     """What the server did, for assertions."""
@@ -158,7 +161,9 @@ class AdapterServer:
             else:
                 return 404, {"error": {"message": f"The model `{model_name}` does not exist."}}
             seed = body.get("seed")
-            with ctx, torch.inference_mode(), torch.random.fork_rng(devices=[]):
+            # torch's RNG is one per process: two servers in one test process must not reseed it
+            # under each other's sampling (separate processes, as real servers are, never share it)
+            with _RNG, ctx, torch.inference_mode(), torch.random.fork_rng(devices=[]):
                 if seed is not None:
                     torch.manual_seed(int(seed))
                 out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
