@@ -27,7 +27,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-
 _RNG = threading.Lock()  # the process's torch RNG, shared by every server in it
 
 

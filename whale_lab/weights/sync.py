@@ -5,10 +5,10 @@ generating with the base model (vLLM loading a LoRA adapter that activates no mo
 holds a copy of the model rather than the trained one. The run would finish with unchanged scores
 and no word. So after each publish the backend continues a few fixed probe prompts greedily with
 log-probabilities (never ending before `PROBE_TOKENS`: a model trained on short replies may end
-every probe at once and leave nothing to compare), and the trainer scores the very same token ids under its new weights and under
-the previous ones (a copy kept before the update). The served log-probabilities must match the new
-weights within `SYNC_TOLERANCE` and be clearly closer to them than to the previous ones;
-otherwise `WeightSyncError` stops the run with one line.
+every probe at once and leave nothing to compare), and the trainer scores the very same token ids
+under its new weights and under the previous ones (a copy kept before the update). The served
+log-probabilities must match the new weights within `SYNC_TOLERANCE` and be clearly closer to them
+than to the previous ones; otherwise `WeightSyncError` stops the run with one line.
 
 What "clearly" means is measured, not assumed: the served-vs-new distance is the numerical noise
 of this backend (about 1e-6 for the hf backend in float32, up to about 1e-2 for a bf16 server
