@@ -282,10 +282,10 @@ def generate_refill(
 
     def take(rows: list[int], logits: Any) -> Any:
         """Sample one token per row, record it, and return the tokens and which rows ended."""
-        short = [j for j, i in enumerate(rows) if len(requests[i].tokens) < min_tokens]
-        ends = sorted(t for t in eos_ids if 0 <= t < logits.shape[-1])
         scores = logits
-        if short and ends:
+        short = [j for j, i in enumerate(rows) if len(requests[i].tokens) < min_tokens]
+        ends = sorted(t for t in eos_ids if 0 <= t < logits.shape[-1]) if short else []
+        if ends:
             rows_t = torch.tensor(short, device=logits.device)[:, None]
             scores = logits.clone()
             scores[rows_t, torch.tensor(ends, device=logits.device)] = -math.inf
