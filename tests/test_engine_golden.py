@@ -15,8 +15,9 @@ are scored in the same waves (other sampled rewards; `candidate_scored c000` aft
 episodes); a weight-phase point that ties the best val is scored on test too (its 6 test episodes
 and test result at each of the two tied points, 14 rows); the ledger counts syncs by outcome
 (`sync_verified`, `sync_unverified`, `sync_skipped`, `sync_last`); the micro model's second
-version, then its third, its fifth and its tenth (each time the same 89 event types in the same order and
-the same key sets; other sampled rewards and scores). Regenerate (only for an intended behaviour change) with
+version, then its third, its fifth and its tenth (each time the same 89 event types in the same
+order and the same key sets; other sampled rewards and scores). Regenerate (only for an intended
+behaviour change) with
 
     WHALE_LAB_GOLDEN_WRITE=1 .venv/bin/python -m pytest tests/test_engine_golden.py
 """

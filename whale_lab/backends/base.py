@@ -161,14 +161,10 @@ def check_params(params: SamplingParams) -> None:
 
 def eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
     """The ids that end a reply: the model's generation config's, then the tokenizer's."""
-    ids: list[int] = []
     gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    for v in [*(gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos])] + [
-        getattr(tokenizer, "eos_token_id", None)
-    ]:
-        if isinstance(v, int) and v not in ids:
-            ids.append(v)
-    return ids
+    found = [*(gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos])]
+    found.append(getattr(tokenizer, "eos_token_id", None))
+    return list(dict.fromkeys(v for v in found if isinstance(v, int)))
 
 
 def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
